@@ -1,0 +1,3 @@
+from shardcheck.cli import main
+
+main()

@@ -1,0 +1,107 @@
+"""The ``shardcheck`` command line: a click group; exit codes are decided here only.
+
+0: success; 1: findings or differences; 2: the input could not be used. Every error is one
+line on stderr, ``shardcheck: error: ...``; ``--debug`` shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from shardcheck.cli.arguments import expand_list_options
+from shardcheck.errors import ShardcheckError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_INPUT_ERROR = 2
+
+
+def error_line(message: str) -> None:
+    text = " ".join(str(message).split())
+    click.echo(f"shardcheck: error: {text}", err=True)
+
+
+def warning_line(message: str) -> None:
+    click.echo(f"shardcheck: warning: {' '.join(str(message).split())}", err=True)
+
+
+class ShardcheckGroup(click.Group):
+    """Runs a command and maps every outcome to one exit code and at most one error line."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        debug = "--debug" in argv or bool(os.environ.get("SHARDCHECK_DEBUG"))
+        code = EXIT_INPUT_ERROR
+        try:
+            result = super().main(
+                args=expand_list_options(argv),
+                prog_name=prog_name or "shardcheck",
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+            code = result if isinstance(result, int) else EXIT_OK
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.exceptions.Abort:
+            error_line("aborted")
+            code = 130
+        except click.ClickException as exc:
+            where = exc.ctx.command_path + ": " if getattr(exc, "ctx", None) else ""
+            hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
+            error_line(f"{where}{exc.format_message()}{hint}")
+            code = EXIT_INPUT_ERROR
+        except ShardcheckError as exc:
+            if debug:
+                traceback.print_exc()
+            error_line(exc.message)
+            code = EXIT_INPUT_ERROR
+        except KeyboardInterrupt:
+            error_line("interrupted")
+            code = 130
+        except Exception as exc:
+            if debug:
+                traceback.print_exc()
+            error_line(
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(this is a bug in shardcheck; rerun with --debug for the traceback)"
+            )
+            code = EXIT_INPUT_ERROR
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@click.group(cls=ShardcheckGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show Python tracebacks on errors.")
+@click.version_option(package_name="shardcheck")
+def cli(debug: bool) -> None:
+    """Generate, verify and gate context-parallel shard hints for ONNX models."""
+
+
+def _register() -> None:
+    from shardcheck.cli import diff, fmt, gen
+
+    cli.add_command(gen.gen)
+    cli.add_command(diff.diff)
+    cli.add_command(fmt.fmt)
+
+
+_register()
+
+
+def main() -> None:
+    cli.main()

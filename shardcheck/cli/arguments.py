@@ -1,0 +1,60 @@
+"""Argument helpers shared by the commands."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+# Options that Polygraphy takes as space-separated integer lists (argparse nargs="*").
+LIST_OPTIONS = ("--groups", "--q-shuffle", "--k-shuffle", "--v-shuffle")
+_INT_LIST = re.compile(r"^\d+(,\d+)*$")
+
+
+def expand_list_options(args: Sequence[str]) -> list[str]:
+    """Rewrite ``--groups 0 1`` as ``--groups=0,1`` so click sees one value.
+
+    ``--groups`` with no number after it means an empty list, as in Polygraphy.
+    """
+    result: list[str] = []
+    position = 0
+    while position < len(args):
+        token = args[position]
+        position += 1
+        if token == "--":
+            result.extend(args[position - 1 :])
+            break
+        if token not in LIST_OPTIONS:
+            result.append(token)
+            continue
+        values: list[str] = []
+        while position < len(args) and _INT_LIST.match(args[position]):
+            values.append(args[position])
+            position += 1
+        result.append(f"{token}={','.join(values)}")
+    return result
+
+
+class IntList(click.ParamType):
+    """Comma-separated non-negative integers; the empty string is the empty list."""
+
+    name = "INTS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        if not text:
+            return ()
+        try:
+            numbers = tuple(int(part) for part in text.split(","))
+        except ValueError:
+            self.fail(f"expected integers separated by spaces or commas, got {value!r}", param, ctx)
+        if any(n < 0 for n in numbers):
+            self.fail(f"expected non-negative integers, got {value!r}", param, ctx)
+        return numbers
+
+
+INT_LIST = IntList()

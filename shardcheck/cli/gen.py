@@ -1,0 +1,100 @@
+"""``shardcheck gen``: write the hints for a model."""
+
+from __future__ import annotations
+
+import click
+
+from shardcheck.cli.arguments import INT_LIST
+from shardcheck.generate import generate
+from shardcheck.hints import REDUCE_OPS
+from shardcheck.hints_file import write_hints
+from shardcheck.loader import load_index
+from shardcheck.options import COMPAT_MODES, CP_TYPES, GenOptions
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=True))
+@click.option("-o", "--output", required=True, help="Hints file to write ('-' for stdout).")
+@click.option(
+    "--parallelism",
+    type=click.Choice(["CP", "TP"]),
+    default="CP",
+    show_default=True,
+    help="Kind of parallelism.",
+)
+@click.option("--root", type=int, default=-1, show_default=True, help="Rank of the root process.")
+@click.option(
+    "--gpus",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Number of participating GPUs (0: all); written as group_size.",
+)
+@click.option("--groups", type=INT_LIST, default="", help="NCCL group indices (omit for all).")
+@click.option(
+    "--cp-type",
+    type=click.Choice(CP_TYPES),
+    default="native",
+    show_default=True,
+    help="native: gather K/V; fused: replace each layer with a fused attention op.",
+)
+@click.option("--no-suggest-io", is_flag=True, help="Do not suggest inputs/outputs to shard.")
+@click.option(
+    "--i-idx",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sequence axis of inputs when it cannot be found.",
+)
+@click.option(
+    "--o-idx",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sequence axis of outputs when it cannot be found.",
+)
+@click.option("--k-idx", type=int, default=0, show_default=True, help="Sequence axis of K.")
+@click.option("--v-idx", type=int, default=0, show_default=True, help="Sequence axis of V.")
+@click.option("--i-rank", type=int, default=None, help="Input rank when the model has none.")
+@click.option("--o-rank", type=int, default=None, help="Output rank when the model has none.")
+@click.option("--kv-rank", type=int, default=None, help="K/V rank when the model has none.")
+@click.option(
+    "--reduce-op",
+    type=click.Choice(REDUCE_OPS),
+    default="max",
+    show_default=True,
+    help="reduce_op of the reduce-scatter collectives.",
+)
+@click.option(
+    "--attention-pattern",
+    type=click.IntRange(0, 1),
+    default=0,
+    show_default=True,
+    help="Polygraphy attention pattern to match (0 or 1).",
+)
+@click.option("--q-shuffle", type=INT_LIST, default=None, help="Permutation applied to Q (fused).")
+@click.option("--k-shuffle", type=INT_LIST, default=None, help="Permutation applied to K (fused).")
+@click.option("--v-shuffle", type=INT_LIST, default=None, help="Permutation applied to V (fused).")
+@click.option("--is-causal", is_flag=True, help="The fused attention is causal.")
+@click.option(
+    "--nb-rank",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Number of ranks for the attention op.",
+)
+@click.option(
+    "--compat",
+    type=click.Choice(COMPAT_MODES),
+    default="none",
+    show_default=True,
+    help="'polygraphy' reproduces 'polygraphy template shard-hints' exactly.",
+)
+def gen(model: str, output: str, **options: object) -> int:
+    """Write shard hints for MODEL (an ONNX file) to OUTPUT."""
+    index = load_index(model)
+    result = generate(index, GenOptions(**options))  # type: ignore[arg-type]
+    for warning in result.warnings:
+        click.echo(f"shardcheck: warning: {warning}", err=True)
+    write_hints(output, result.hints)
+    return 0

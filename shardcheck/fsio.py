@@ -1,0 +1,78 @@
+"""File output that never leaves a user's file half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from shardcheck.errors import OutputError
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data``: a temporary file in the same directory, then a rename.
+
+    A reader (or a crash at any moment) sees the old file or the new one, never a part. On
+    failure the temporary file is removed and the old file is untouched.
+    """
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise OutputError(f"{target}: cannot write: directory {str(directory)!r} does not exist")
+    if target.is_dir():
+        raise OutputError(f"{target}: cannot write: is a directory")
+    try:
+        handle, temp_name = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=".tmp", dir=directory
+        )
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        _copy_mode(target, temp_name)
+        os.replace(temp_name, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        if isinstance(exc, OSError):
+            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        raise
+    _fsync_directory(directory)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_text_or_stdout(path: str, text: str) -> None:
+    """Write to ``path`` atomically; ``-`` means standard output."""
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        atomic_write_text(path, text)
+
+
+def _copy_mode(target: Path, temp_name: str) -> None:
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(temp_name, mode)
+
+
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

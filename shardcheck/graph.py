@@ -1,0 +1,198 @@
+"""A read-only index of an ONNX graph, built in one pass: producers, consumers, shapes.
+
+Detection, axis inference and the suggestion walks all read this index; none of them copies the
+graph. Weights are never needed: initializers are kept as protos and only their dims are read,
+except for small constants that a pattern asks for by value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+Dim = int | str | None
+Shape = tuple[Dim, ...]
+
+# A constant whose value a pattern asks for is read only when it is this small.
+SMALL_CONSTANT_ELEMENTS = 4096
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    proto: onnx.NodeProto = field(repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """How messages name this node: its name, or its op and position when unnamed."""
+        return self.name or f"<unnamed {self.op_type} #{self.index}>"
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for attribute in self.proto.attribute:
+            if attribute.name == name:
+                return onnx.helper.get_attribute_value(attribute)
+        return default
+
+
+def _value_info_shape(info: onnx.ValueInfoProto) -> Shape | None:
+    tensor_type = info.type.tensor_type
+    if not info.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        elif dim.HasField("dim_value"):
+            dims.append(dim.dim_value)
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+class GraphIndex:
+    """Producers, consumers and declared shapes of a model's main graph."""
+
+    def __init__(self, model: onnx.ModelProto, source: str = "<model>") -> None:
+        self.model = model
+        self.source = source
+        graph = model.graph
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+        self.graph_inputs: list[str] = [
+            i.name for i in graph.input if i.name not in self.initializers
+        ]
+        self.graph_outputs: list[str] = [o.name for o in graph.output]
+        self.input_infos = {i.name: i for i in graph.input}
+        self.output_infos = {o.name: o for o in graph.output}
+        self.value_infos: dict[str, list[onnx.ValueInfoProto]] = {}
+        for info in graph.value_info:
+            self.value_infos.setdefault(info.name, []).append(info)
+
+        self.nodes: list[Node] = []
+        self.producer: dict[str, int] = {}
+        # One entry per use: a node reading a tensor twice is listed twice (as graphsurgeon does).
+        self.consumers: dict[str, list[int]] = {}
+        for index, proto in enumerate(graph.node):
+            node = Node(
+                index=index,
+                name=proto.name,
+                op_type=proto.op_type,
+                domain=proto.domain,
+                inputs=tuple(proto.input),
+                outputs=tuple(proto.output),
+                proto=proto,
+            )
+            self.nodes.append(node)
+            for name in node.inputs:
+                if name:
+                    self.consumers.setdefault(name, []).append(index)
+            for name in node.outputs:
+                if name:
+                    self.producer[name] = index
+        self._constant_cache: dict[str, np.ndarray | None] = {}
+
+    # ------------------------------------------------------------------ topology
+
+    def producer_of(self, tensor: str) -> Node | None:
+        index = self.producer.get(tensor)
+        return None if index is None else self.nodes[index]
+
+    def consumers_of(self, tensor: str) -> list[Node]:
+        return [self.nodes[i] for i in self.consumers.get(tensor, ())]
+
+    def is_graph_output(self, tensor: str) -> bool:
+        return tensor in self.output_infos
+
+    def has_tensor(self, tensor: str) -> bool:
+        return tensor in self.producer or tensor in self.input_infos or tensor in self.initializers
+
+    def all_tensor_names(self) -> Iterator[str]:
+        yield from self.input_infos
+        yield from self.initializers
+        for node in self.nodes:
+            yield from (name for name in node.outputs if name)
+
+    # ------------------------------------------------------------------ shapes
+
+    def declared_shape(self, tensor: str) -> Shape | None:
+        """The shape as onnx-graphsurgeon's importer records it (Polygraphy reads this).
+
+        Initializers win; then value_info (a later duplicate fills in a missing shape); then the
+        graph input or output declaration.
+        """
+        if tensor in self.initializers:
+            return tuple(int(d) for d in self.initializers[tensor].dims)
+        shape: Shape | None = None
+        infos = self.value_infos.get(tensor)
+        if infos:
+            for info in infos:
+                shape = shape or _value_info_shape(info)
+            return shape
+        if tensor in self.input_infos:
+            return _value_info_shape(self.input_infos[tensor])
+        if tensor in self.output_infos:
+            return _value_info_shape(self.output_infos[tensor])
+        return None
+
+    def rank(self, tensor: str) -> int | None:
+        shape = self.declared_shape(tensor)
+        return None if shape is None else len(shape)
+
+    def elem_type(self, tensor: str) -> int | None:
+        if tensor in self.initializers:
+            return self.initializers[tensor].data_type
+        for info in (
+            *self.value_infos.get(tensor, ()),
+            self.input_infos.get(tensor),
+            self.output_infos.get(tensor),
+        ):
+            if info is not None and info.type.HasField("tensor_type"):
+                if info.type.tensor_type.elem_type:
+                    return info.type.tensor_type.elem_type
+        return None
+
+    # ------------------------------------------------------------------ constants
+
+    def constant_value(self, tensor: str) -> np.ndarray | None:
+        """The value of a small constant (initializer or Constant node), or None."""
+        if tensor in self._constant_cache:
+            return self._constant_cache[tensor]
+        value = self._read_constant(tensor)
+        self._constant_cache[tensor] = value
+        return value
+
+    def _read_constant(self, tensor: str) -> np.ndarray | None:
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is None:
+            node = self.producer_of(tensor)
+            if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                return None
+            return _constant_node_value(node)
+        if proto.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        elements = int(np.prod([int(d) for d in proto.dims])) if proto.dims else 1
+        if elements > SMALL_CONSTANT_ELEMENTS:
+            return None
+        return numpy_helper.to_array(proto)
+
+
+def _constant_node_value(node: Node) -> np.ndarray | None:
+    for attribute in node.proto.attribute:
+        if attribute.name == "value":
+            if attribute.t.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return numpy_helper.to_array(attribute.t)
+        if attribute.name in ("value_float", "value_int"):
+            return np.array(onnx.helper.get_attribute_value(attribute))
+        if attribute.name in ("value_floats", "value_ints"):
+            return np.array(onnx.helper.get_attribute_value(attribute))
+    return None

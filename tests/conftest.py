@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from shardcheck.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+GOLDEN = ROOT / "golden"
+SHARED = ROOT.parent / "shared"
+ANCHORS = SHARED / "anchor-models"
+
+
+def run_cli(*args: str) -> Result:
+    """Run the shardcheck CLI in-process; stdout and stderr are kept apart."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def sorted_io(document: dict[str, Any]) -> dict[str, Any]:
+    """A hints document with inputs/outputs ordered by name (Polygraphy's order is random)."""
+    result = dict(document)
+    for key in ("inputs", "outputs"):
+        result[key] = sorted(document[key], key=lambda t: t["name"])
+    return result
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def fixture_model() -> Any:
+    def get(name: str) -> Path:
+        return FIXTURES / f"{name}.onnx"
+
+    return get

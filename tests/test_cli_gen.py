@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, GOLDEN, read_json, run_cli
+
+from shardcheck import GenOptions, generate, load_index
+from shardcheck.hints import dumps, loads
+
+
+def test_gen_writes_hints_file(tmp_path: Path) -> None:
+    out = tmp_path / "hints.json"
+    result = run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    document = read_json(out)
+    assert [layer["q"] for layer in document["attention_layers"]] == ["q"]
+    # Polygraphy's name guess only knows "sequence_length" and "seq_len"; this dim is
+    # "sequence_len", so the default index 0 is written (compat behaviour).
+    assert document["inputs"] == [
+        {"name": "input", "seq_len_idx": 0, "rank": 3, "polygraphy_class": "ShardTensor"}
+    ]
+
+
+def test_gen_to_stdout_matches_file(tmp_path: Path) -> None:
+    out = tmp_path / "h.json"
+    run_cli("gen", FIXTURES / "multi_attention.onnx", "-o", out)
+    result = run_cli("gen", FIXTURES / "multi_attention.onnx", "-o", "-")
+    assert result.exit_code == 0
+    assert result.stdout == out.read_text()
+
+
+def test_gen_orders_io_by_graph_and_layers_topologically() -> None:
+    result = run_cli("gen", FIXTURES / "multi_attention.onnx", "-o", "-")
+    document = json.loads(result.stdout)
+    assert [t["name"] for t in document["inputs"]] == ["q", "k", "v", "q2", "k2", "v2"]
+    assert [t["name"] for t in document["outputs"]] == ["out1", "out2"]
+    assert [layer["q"] for layer in document["attention_layers"]] == ["q", "q2"]
+    # Named seq dims give the axis; shapeless tensors fall back to the default index and rank.
+    axes = {t["name"]: (t["seq_len_idx"], t["rank"]) for t in document["inputs"]}
+    assert axes == {
+        "q": (1, 3),
+        "k": (2, 3),
+        "v": (1, 3),
+        "q2": (0, None),
+        "k2": (0, None),
+        "v2": (0, None),
+    }
+
+
+def test_space_separated_lists_as_in_polygraphy() -> None:
+    result = run_cli(
+        "gen",
+        FIXTURES / "attention.onnx",
+        "-o",
+        "-",
+        "--groups",
+        "0",
+        "1",
+        "--cp-type",
+        "fused",
+        "--q-shuffle",
+        "0",
+        "2",
+        "1",
+        "--k-shuffle",
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["dist_collectives"]["groups"] == [0, 1]
+    replace = document["attention_layers"][0]["replace"]
+    assert replace["q_shuffle"] == [0, 2, 1]
+    assert replace["k_shuffle"] == []
+    assert replace["v_shuffle"] is None
+
+
+def test_no_attention_gives_valid_empty_hints_and_warning() -> None:
+    result = run_cli("gen", FIXTURES / "no_attention.onnx", "-o", "-")
+    assert result.exit_code == 0
+    hints = loads(result.stdout)
+    assert hints.attention_layers == () and hints.inputs == () and hints.outputs == ()
+    assert "no attention layer found" in result.stderr
+    assert "MatMul(q, k) -> Softmax -> MatMul(., v)" in result.stderr
+
+
+def test_python_api_equals_cli() -> None:
+    result = generate(load_index(FIXTURES / "attention_output_chain.onnx"), GenOptions())
+    cli_text = run_cli("gen", FIXTURES / "attention_output_chain.onnx", "-o", "-").stdout
+    assert dumps(result.hints) == cli_text
+    # The walk stops at a graph output: the residual output behind attn_out is not suggested,
+    # and the input nothing depends on never is.
+    assert [t.name for t in result.hints.inputs] == ["x"]
+    assert [t.name for t in result.hints.outputs] == ["attn_out"]
+    assert result.hints.kv_rank == 3  # from the value_info of k_T
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN.glob("*.json")))
+def test_gen_equals_golden(name: str) -> None:
+    result = run_cli("gen", FIXTURES / f"{name}.onnx", "-o", "-")
+    assert result.stdout == (GOLDEN / f"{name}.json").read_text()
+
+
+def test_output_is_identical_across_hash_seeds(tmp_path: Path) -> None:
+    outputs = []
+    for seed in ("0", "1", "42", "1234", "987654"):
+        out = tmp_path / f"h{seed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shardcheck",
+                "gen",
+                str(FIXTURES / "multi_attention.onnx"),
+                "-o",
+                str(out),
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        outputs.append(out.read_bytes())
+    assert len(set(outputs)) == 1
+
+
+@pytest.mark.parametrize("command", ["diff", "fmt"])
+def test_wrong_typed_field_is_one_line_exit_2(tmp_path: Path, command: str) -> None:
+    hints = tmp_path / "hints.json"
+    document = read_json(GOLDEN / "attention.json")
+    document["inputs"][2]["seq_len_idx"] = "1"
+    hints.write_text(json.dumps(document))
+    args = (
+        ("diff", GOLDEN / "attention.json", hints)
+        if command == "diff"
+        else ("fmt", hints, "-o", "-")
+    )
+    result = run_cli(*args)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f'shardcheck: error: {hints}: inputs[2].seq_len_idx: expected an integer, got "1"\n'
+    )
+    assert "Traceback" not in result.output
+
+
+def test_missing_model_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_cli("gen", tmp_path / "nope.onnx", "-o", "-")
+    assert result.exit_code == 2
+    assert result.stderr == f"shardcheck: error: {tmp_path / 'nope.onnx'}: no such file\n"
+
+
+def test_usage_error_is_one_line_exit_2() -> None:
+    result = run_cli("gen", FIXTURES / "attention.onnx")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "Missing option '-o'" in result.stderr
