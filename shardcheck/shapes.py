@@ -1,0 +1,507 @@
+"""Symbolic shapes, propagated forward through the graph in one pass.
+
+Each tensor gets a shape whose dims are ints, symbols (the dim_param names of graph inputs, such
+as ``sequence``) or None when unknown. Small integer tensors that hold shapes (``Shape`` ->
+``Gather`` -> ``Concat`` -> ``Reshape``, as TorchScript writes them) carry their values as dims
+too, so a ``Reshape`` whose target is computed from ``Shape(x)`` keeps the symbols of ``x``.
+
+Only what axis inference needs is modelled; an op not covered here gives unknown shapes, and the
+analysis downstream treats unknown as "cannot follow", never as a guess. Declared shapes
+(value_info, as the dynamo exporter writes for every tensor) are used where propagation knows
+less.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from shardcheck.graph import Dim, GraphIndex, Node, Shape
+
+MAX_VALUE_ELEMENTS = 16
+
+ELEMENTWISE = frozenset(
+    "Add Sub Mul Div Pow Mod Max Min Where Equal Less Greater LessOrEqual GreaterOrEqual And Or "
+    "Xor Not Cast CastLike Sqrt Erf Tanh Relu Gelu FastGelu Sigmoid Neg Exp Log IsNaN IsInf Abs "
+    "Reciprocal Clip Floor Ceil Round Sin Cos Identity Dropout Softmax LogSoftmax HardSigmoid "
+    "LeakyRelu Elu Selu Softplus QuickGelu BiasGelu Sign Trilu".split()
+)
+SAME_SHAPE = frozenset(
+    "LayerNormalization SimplifiedLayerNormalization SkipLayerNormalization BatchNormalization "
+    "InstanceNormalization RMSNormalization LpNormalization CumSum".split()
+)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: Shape | None = None
+    value: tuple[Dim, ...] | None = None  # for small 1-D/scalar integer tensors
+
+
+def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
+    rank = max(len(s) for s in shapes)
+    result: list[Dim] = []
+    for axis in range(rank):
+        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+        known = [d for d in dims if d != 1]
+        if not known:
+            result.append(1)
+        elif any(d is None for d in known):
+            result.append(None)
+        elif len(set(known)) == 1:
+            result.append(known[0])
+        else:
+            # Two different symbols (or a symbol and an int > 1): equal at run time.
+            ints = [d for d in known if isinstance(d, int)]
+            result.append(ints[0] if ints else known[0])
+    return tuple(result)
+
+
+def _product(dims: Sequence[Dim]) -> tuple[int, Counter[str]] | None:
+    """A product of dims as (integer factor, symbols); merged dims are written ``a*b``."""
+    number = 1
+    symbols: Counter[str] = Counter()
+    for dim in dims:
+        if dim is None:
+            return None
+        if isinstance(dim, int):
+            number *= dim
+            continue
+        for factor in dim.split("*") if "*" in dim else (dim,):
+            if factor.isdigit():
+                number *= int(factor)
+            else:
+                symbols[factor] += 1
+    return number, symbols
+
+
+def _dim_of(product: tuple[int, Counter[str]] | None) -> Dim:
+    if product is None:
+        return None
+    number, symbols = product
+    if not symbols:
+        return number
+    factors = sorted(symbols.elements())
+    if number != 1:
+        factors.insert(0, str(number))
+    return "*".join(factors)
+
+
+def reshape_dims(source: Shape, target: Sequence[Dim], allowzero: bool = False) -> Shape | None:
+    dims = list(target)
+    for axis, dim in enumerate(dims):
+        if dim == 0 and not allowzero:
+            if axis >= len(source):
+                return None
+            dims[axis] = source[axis]
+    if -1 in dims:
+        position = dims.index(-1)
+        whole = _product(source)
+        rest = _product([d for i, d in enumerate(dims) if i != position])
+        if whole is None or rest is None or rest[1] - whole[1] or rest[0] == 0:
+            dims[position] = None
+        elif whole[0] % rest[0]:
+            dims[position] = None
+        else:
+            dims[position] = _dim_of((whole[0] // rest[0], whole[1] - rest[1]))
+    return tuple(dims)
+
+
+def _ints(value: np.ndarray | None) -> list[int] | None:
+    if value is None or value.dtype.kind not in "iu" or value.size > MAX_VALUE_ELEMENTS:
+        return None
+    return [int(v) for v in value.reshape(-1)]
+
+
+class ShapeInference:
+    """Shapes and small shape values of every tensor of the main graph."""
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self.info: dict[str, TensorInfo] = {}
+        for name in index.graph_inputs:
+            self.info[name] = TensorInfo(index.declared_shape(name))
+        for name, tensor in index.initializers.items():
+            value = index.constant_value(name) if _is_small(tensor) else None
+            self.info[name] = TensorInfo(tuple(int(d) for d in tensor.dims), _as_value(value))
+        for node in index.nodes:
+            self._infer(node)
+
+    def shape(self, tensor: str) -> Shape | None:
+        info = self.info.get(tensor)
+        return None if info is None else info.shape
+
+    def rank(self, tensor: str) -> int | None:
+        shape = self.shape(tensor)
+        return None if shape is None else len(shape)
+
+    def value(self, tensor: str) -> tuple[Dim, ...] | None:
+        info = self.info.get(tensor)
+        return None if info is None else info.value
+
+    # ------------------------------------------------------------------ per op
+
+    def _infer(self, node: Node) -> None:
+        try:
+            results = self._rule(node)
+        except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
+            results = None
+        for position, output in enumerate(node.outputs):
+            if not output:
+                continue
+            info = results[position] if results and position < len(results) else TensorInfo()
+            declared = self.index.declared_shape(output)
+            if declared is not None and (info.shape is None or None in info.shape):
+                info = TensorInfo(_merge(declared, info.shape), info.value)
+            self.info[output] = info
+
+    def _in(self, node: Node, position: int) -> TensorInfo:
+        if position >= len(node.inputs) or not node.inputs[position]:
+            return TensorInfo()
+        return self.info.get(node.inputs[position], TensorInfo())
+
+    def _rule(self, node: Node) -> list[TensorInfo] | None:
+        op = node.op_type
+        first = self._in(node, 0)
+        shape = first.shape
+        if op == "Constant":
+            value = self.index.constant_value(node.outputs[0])
+            if value is None:
+                return None
+            return [TensorInfo(tuple(int(d) for d in value.shape), _as_value(value))]
+        if op in ELEMENTWISE:
+            shapes = [self._in(node, i).shape for i in range(len(node.inputs)) if node.inputs[i]]
+            if any(s is None for s in shapes):
+                return None
+            out = _broadcast([s for s in shapes if s is not None])
+            value = _elementwise_value(op, [self._in(node, i).value for i in range(3)])
+            return [TensorInfo(out, value)] + [TensorInfo(shape)] * (len(node.outputs) - 1)
+        if op in SAME_SHAPE:
+            return [TensorInfo(shape)]
+        if op in ("Range", "ConstantOfShape"):
+            return self._generator_rule(node)
+        if op == "GatherElements":
+            return [TensorInfo(self._in(node, 1).shape)]
+        if shape is None:
+            return None
+        rank = len(shape)
+        if op == "Shape":
+            start = node.attr("start", 0)
+            end = node.attr("end", rank)
+            dims = shape[slice(start, end)]
+            return [TensorInfo((len(dims),), tuple(dims))]
+        if op == "Size":
+            return [TensorInfo((), None)]
+        if op == "Transpose":
+            perm = node.attr("perm") or list(reversed(range(rank)))
+            return [TensorInfo(tuple(shape[p] for p in perm))]
+        if op == "Reshape":
+            target = self._in(node, 1).value
+            if target is None:
+                return None
+            dims = reshape_dims(shape, target, bool(node.attr("allowzero", 0)))
+            value = first.value if dims is not None and len(dims) <= 1 else None
+            return [TensorInfo(dims, value)]
+        if op in ("Unsqueeze", "Squeeze"):
+            axes = node.attr("axes")
+            if axes is None and len(node.inputs) > 1:
+                axes = _ints(self.index.constant_value(node.inputs[1]))
+            if op == "Unsqueeze":
+                if axes is None:
+                    return None
+                out_rank = rank + len(axes)
+                positions = sorted(a % out_rank for a in axes)
+                dims = list(shape)
+                for a in positions:
+                    dims.insert(a, 1)
+                return [TensorInfo(tuple(dims), first.value if rank == 0 else None)]
+            drop = (
+                {a % rank for a in axes}
+                if axes is not None
+                else {i for i, d in enumerate(shape) if d == 1}
+            )
+            dims = tuple(d for i, d in enumerate(shape) if i not in drop)
+            value = first.value if len(dims) == 0 and first.value is not None else None
+            return [TensorInfo(dims, value)]
+        if op == "Gather":
+            axis = node.attr("axis", 0) % rank
+            indices = self._in(node, 1)
+            if indices.shape is None:
+                return None
+            dims = shape[:axis] + indices.shape + shape[axis + 1 :]
+            value = None
+            index_values = _ints(self.index.constant_value(node.inputs[1]))
+            if first.value is not None and rank == 1 and index_values is not None:
+                value = tuple(first.value[i] for i in index_values)
+            return [TensorInfo(dims, value)]
+        if op == "Concat":
+            parts = [self._in(node, i) for i in range(len(node.inputs))]
+            if any(p.shape is None for p in parts):
+                return None
+            axis = node.attr("axis", 0) % rank
+            total: Dim = 0
+            for p in parts:
+                dim = p.shape[axis]  # type: ignore[index]
+                total = total + dim if isinstance(total, int) and isinstance(dim, int) else None
+            if total is None and len(parts) == 1:
+                total = parts[0].shape[axis]  # type: ignore[index]
+            dims = shape[:axis] + (total,) + shape[axis + 1 :]
+            value = None
+            if rank == 1 and all(p.value is not None for p in parts):
+                value = tuple(v for p in parts for v in p.value)  # type: ignore[union-attr]
+            return [TensorInfo(dims, value)]
+        if op == "Slice":
+            return [self._slice(node, shape, first.value)]
+        if op == "Split":
+            return self._split(node, shape)
+        if op in ("MatMul", "MatMulInteger", "FusedMatMul"):
+            other = self._in(node, 1).shape
+            if other is None:
+                return None
+            return [TensorInfo(_matmul(shape, other))]
+        if op == "Gemm":
+            other = self._in(node, 1).shape
+            if other is None or rank != 2 or len(other) != 2:
+                return None
+            m = shape[1] if node.attr("transA", 0) else shape[0]
+            n = other[0] if node.attr("transB", 0) else other[1]
+            return [TensorInfo((m, n))]
+        if op == "Expand":
+            target = self._in(node, 1).value
+            if target is None:
+                target_len = self._in(node, 1).shape
+                if target_len is None or not isinstance(target_len[0], int):
+                    return None
+                # Expand keeps every dim that is not 1; only those become unknown.
+                target = (None,) * target_len[0]
+                padded = (1,) * (len(target) - rank) + tuple(shape)
+                return [TensorInfo(tuple(None if d == 1 else d for d in padded))]
+            return [TensorInfo(_broadcast([shape, tuple(target)]))]
+        if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"):
+            axes = node.attr("axes")
+            if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+                axes = _ints(self.index.constant_value(node.inputs[1]))
+            axes_set = {a % rank for a in axes} if axes is not None else set(range(rank))
+            keep = node.attr("keepdims", 1)
+            dims = tuple((1 if keep else None) if i in axes_set else d for i, d in enumerate(shape))
+            return [TensorInfo(tuple(d for d in dims if d is not None) if not keep else dims)]
+        if op == "Flatten":
+            axis = node.attr("axis", 1) % (rank + 1) if rank else 0
+            left, right = _product(shape[:axis]), _product(shape[axis:])
+            return [TensorInfo((_dim_of(left), _dim_of(right)))]
+        if op == "Attention" and node.domain in ("", "ai.onnx"):
+            return [TensorInfo(shape)]
+        if op == "Conv":
+            return self._conv(node, shape)
+        return None
+
+    def _conv(self, node: Node, shape: Shape) -> list[TensorInfo] | None:
+        weight = self._in(node, 1).shape
+        if weight is None:
+            return None
+        spatial = len(shape) - 2
+        kernel = node.attr("kernel_shape") or list(weight[2:])
+        strides = node.attr("strides") or [1] * spatial
+        dilations = node.attr("dilations") or [1] * spatial
+        pads = node.attr("pads") or [0] * (2 * spatial)
+        dims: list[Dim] = [shape[0], weight[0]]
+        for axis in range(spatial):
+            size = shape[2 + axis]
+            if not isinstance(size, int) or not isinstance(kernel[axis], int):
+                dims.append(None)
+                continue
+            span = dilations[axis] * (kernel[axis] - 1) + 1
+            dims.append((size + pads[axis] + pads[axis + spatial] - span) // strides[axis] + 1)
+        return [TensorInfo(tuple(dims))]
+
+    def _generator_rule(self, node: Node) -> list[TensorInfo] | None:
+        op = node.op_type
+        if op == "ConstantOfShape":
+            target = self._in(node, 0).value
+            if target is None:
+                return None
+            fill = node.attr("value")
+            fill_value = _ints(onnx.numpy_helper.to_array(fill)) if fill is not None else [0]
+            value = None
+            if len(target) == 1 and isinstance(target[0], int) and fill_value:
+                if target[0] <= MAX_VALUE_ELEMENTS:
+                    value = tuple(fill_value[:1] * target[0])
+            return [TensorInfo(tuple(target), value)]
+        if op == "Range":
+            start, limit, delta = (self._in(node, i).value for i in range(3))
+            if start is None or limit is None or delta is None:
+                return [TensorInfo((None,))]
+            if start == (0,) and delta == (1,):
+                return [TensorInfo((limit[0],))]
+            return [TensorInfo((_range_length(start, limit, delta),))]
+        return None
+
+    def _slice(self, node: Node, shape: Shape, value: tuple[Dim, ...] | None) -> TensorInfo:
+        starts = self._in(node, 1).value
+        ends = self._in(node, 2).value
+        axes = _ints(self.index.constant_value(node.inputs[3])) if len(node.inputs) > 3 else None
+        steps = _ints(self.index.constant_value(node.inputs[4])) if len(node.inputs) > 4 else None
+        if starts is None or ends is None:
+            return TensorInfo(None)
+        rank = len(shape)
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        dims = list(shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis %= rank
+            dims[axis] = _slice_length(shape[axis], start, end, step)
+        out_value = None
+        if value is not None and rank == 1 and all(isinstance(x, int) for x in (*starts, *ends)):
+            out_value = tuple(value[slice(starts[0], ends[0], steps[0])])  # type: ignore[misc]
+        return TensorInfo(tuple(dims), out_value)
+
+    def _split(self, node: Node, shape: Shape) -> list[TensorInfo] | None:
+        rank = len(shape)
+        axis = node.attr("axis", 0) % rank
+        sizes = node.attr("split")
+        if sizes is None and len(node.inputs) > 1 and node.inputs[1]:
+            sizes = _ints(self.index.constant_value(node.inputs[1]))
+        count = len(node.outputs)
+        if sizes is None:
+            whole = shape[axis]
+            sizes = [whole // count if isinstance(whole, int) else None] * count
+        results = []
+        for size in sizes:
+            dims = list(shape)
+            dims[axis] = size
+            results.append(TensorInfo(tuple(dims)))
+        return results
+
+
+def _is_small(tensor: onnx.TensorProto) -> bool:
+    elements = int(np.prod([int(d) for d in tensor.dims])) if tensor.dims else 1
+    return elements <= MAX_VALUE_ELEMENTS and tensor.data_type in (
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.INT32,
+    )
+
+
+def _as_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:
+    if value is None or value.dtype.kind not in "iu" or value.ndim > 1:
+        return None
+    if value.size > MAX_VALUE_ELEMENTS:
+        return None
+    return tuple(int(v) for v in value.reshape(-1))
+
+
+def _merge(declared: Shape, inferred: Shape | None) -> Shape:
+    if inferred is None or len(inferred) != len(declared):
+        return declared
+    return tuple(i if d is None else d for d, i in zip(declared, inferred, strict=True))
+
+
+def _matmul(a: Shape, b: Shape) -> Shape | None:
+    if len(a) < 1 or len(b) < 1:
+        return None
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    batch = _broadcast([a2[:-2], b2[:-2]]) if len(a2) > 2 or len(b2) > 2 else ()
+    out = tuple(batch or ()) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def _slice_length(dim: Dim, start: Dim, end: Dim, step: Dim) -> Dim:
+    if not isinstance(start, int) or not isinstance(step, int):
+        return None
+    if step == 1 and start == 0 and isinstance(end, str):
+        return end  # x[:n] with n a symbol, e.g. a position table cut to the sequence length
+    if step == 1 and start == 0 and isinstance(end, int) and end >= 2**31 - 1:
+        return dim
+    if isinstance(dim, int) and isinstance(end, int):
+        return len(range(*slice(start, end, step).indices(dim)))
+    if isinstance(dim, str) and isinstance(end, int) and end >= 2**31 - 1 and step == 1:
+        return dim if start == 0 else None
+    return None
+
+
+def _range_length(start: Sequence[Dim], limit: Sequence[Dim], delta: Sequence[Dim]) -> Dim:
+    values = (start[0] if start else None, limit[0] if limit else None, delta[0] if delta else None)
+    if all(isinstance(v, int) for v in values):
+        s, lim, d = values  # type: ignore[misc]
+        return max(0, -(-(lim - s) // d))  # type: ignore[operator]
+    return None
+
+
+def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tuple[Dim, ...] | None:
+    first = values[0]
+    if op in ("Cast", "Identity", "CastLike"):
+        return first
+    if op == "Where":
+        return _where_value(*values)
+    second = values[1] if len(values) > 1 else None
+    if op == "Equal" and first is not None and second is not None:
+        return _equal_value(first, second)
+    if first is None or second is None or op not in ("Add", "Sub", "Mul", "Div"):
+        return None
+    if len(second) == 1 and len(first) > 1:
+        second = second * len(first)
+    if len(first) == 1 and len(second) > 1:
+        first = first * len(second)
+    if len(first) != len(second):
+        return None
+    result: list[Dim] = []
+    for a, b in zip(first, second, strict=True):
+        if isinstance(a, int) and isinstance(b, int):
+            result.append({"Add": a + b, "Sub": a - b, "Mul": a * b, "Div": a // b if b else 0}[op])
+        elif op in ("Mul", "Div") and b == 1:
+            result.append(a)
+        elif op in ("Add", "Sub") and b == 0:
+            result.append(a)
+        elif op == "Mul" and a == 1:
+            result.append(b)
+        else:
+            result.append(None)
+    return tuple(result)
+
+
+def _align(*values: tuple[Dim, ...]) -> list[tuple[Dim, ...]] | None:
+    length = max(len(v) for v in values)
+    aligned = []
+    for value in values:
+        if len(value) == 1 and length > 1:
+            value = value * length
+        if len(value) != length:
+            return None
+        aligned.append(value)
+    return aligned
+
+
+def _equal_value(first: tuple[Dim, ...], second: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
+    aligned = _align(first, second)
+    if aligned is None:
+        return None
+    result: list[Dim] = []
+    for a, b in zip(*aligned, strict=True):
+        if isinstance(a, int) and isinstance(b, int):
+            result.append(int(a == b))
+        elif isinstance(a, str) and isinstance(b, int) and b < 0:
+            result.append(0)  # a size is never negative
+        elif isinstance(b, str) and isinstance(a, int) and a < 0:
+            result.append(0)
+        else:
+            result.append(None)
+    return tuple(result)
+
+
+def _where_value(
+    condition: tuple[Dim, ...] | None, yes: tuple[Dim, ...] | None, no: tuple[Dim, ...] | None
+) -> tuple[Dim, ...] | None:
+    if condition is None or yes is None or no is None:
+        return None
+    aligned = _align(condition, yes, no)
+    if aligned is None or any(not isinstance(c, int) for c in aligned[0]):
+        return None
+    return tuple(y if c else n for c, y, n in zip(*aligned, strict=True))
