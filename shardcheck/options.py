@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -45,18 +47,79 @@ class GenOptions:
             raise InputError(f"attention_pattern: expected 0 or 1, got {self.attention_pattern!r}")
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], source: str = "options") -> GenOptions:
-        """Build from a mapping such as a manifest entry (keys with - or _)."""
-        known = {f.name for f in fields(cls)}
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "options") -> GenOptions:
+        """Build from a mapping such as a manifest entry (keys with - or _).
+
+        Unknown keys, a key given twice (``reduce-op`` and ``reduce_op``), wrongly typed values
+        and bad choices are InputErrors of one line that start with ``source``.
+        """
+        if not isinstance(values, Mapping):
+            raise InputError(f"{source}: expected a table of gen options, got {_shown(values)}")
+        kinds = _option_kinds()
         kwargs: dict[str, Any] = {}
+        spelled: dict[str, str] = {}
         for raw_key, value in values.items():
-            key = raw_key.replace("-", "_")
-            if key not in known:
+            key = str(raw_key).replace("-", "_")
+            if key not in kinds:
                 raise InputError(f"{source}: unknown gen option {raw_key!r}")
-            if isinstance(value, list):
-                value = tuple(value)
-            kwargs[key] = value
-        return cls(**kwargs)
+            if key in spelled:
+                raise InputError(
+                    f"{source}: gen option {raw_key!r} given twice (also as {spelled[key]!r})"
+                )
+            spelled[key] = str(raw_key)
+            problem = _type_problem(kinds[key], value)
+            if problem:
+                raise InputError(
+                    f"{source}: gen option {raw_key!r}: expected {problem}, got {_shown(value)}"
+                )
+            kwargs[key] = tuple(value) if isinstance(value, list) else value
+        try:
+            return cls(**kwargs)
+        except InputError as exc:
+            # __post_init__ says "field: problem"; name the key as the mapping spelled it.
+            field_name, _, problem = exc.message.partition(": ")
+            key = spelled.get(field_name, field_name)
+            raise InputError(f"{source}: gen option {key!r}: {problem}") from None
+
+
+def _option_kinds() -> dict[str, str]:
+    """Each option's kind, read from its annotation (a string under postponed evaluation)."""
+    kinds = {
+        "str": "str",
+        "int": "int",
+        "bool": "bool",
+        "int | None": "optional int",
+        "tuple[int, ...]": "int list",
+        "tuple[int, ...] | None": "optional int list",
+    }
+    return {f.name: kinds[str(f.type)] for f in fields(GenOptions)}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _type_problem(kind: str, value: Any) -> str | None:
+    """What ``value`` should have been, or None when it has the type of ``kind``."""
+    if kind.startswith("optional ") and value is None:
+        return None
+    kind = kind.removeprefix("optional ")
+    if kind == "str":
+        return None if isinstance(value, str) else "a string"
+    if kind == "int":
+        return None if _is_int(value) else "an integer"
+    if kind == "bool":
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(value, (list, tuple)) and all(_is_int(v) and v >= 0 for v in value):
+        return None
+    return "a list of non-negative integers"
+
+
+def _shown(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -93,11 +93,12 @@ def cli(debug: bool) -> None:
 
 
 def _register() -> None:
-    from shardcheck.cli import diff, fmt, gen
+    from shardcheck.cli import check, diff, fmt, gen
 
     cli.add_command(gen.gen)
     cli.add_command(diff.diff)
     cli.add_command(fmt.fmt)
+    cli.add_command(check.check)
 
 
 _register()
