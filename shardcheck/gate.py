@@ -287,7 +287,7 @@ def _status_word(status: str) -> str:
 
 
 def _golden_notes(entry: ModelEntry, golden: GoldenComparison, update_flag: str) -> list[str]:
-    count = _count(golden.differences)
+    count = count_text(golden.differences)
     if golden.status == DIFFERS:
         return [count]
     if golden.status == MISSING:
@@ -302,5 +302,5 @@ def _golden_notes(entry: ModelEntry, golden: GoldenComparison, update_flag: str)
     return []
 
 
-def _count(differences: Sequence[Difference]) -> str:
+def count_text(differences: Sequence[Difference]) -> str:
     return f"{len(differences)} difference" + ("" if len(differences) == 1 else "s")

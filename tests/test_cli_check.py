@@ -1,0 +1,357 @@
+"""``shardcheck check``: exit codes, output, --update, and goldens that survive a SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, run_cli
+
+from shardcheck.generate import generate
+from shardcheck.hints import ShardHints, dumps
+from shardcheck.hints_file import read_hints
+from shardcheck.loader import load_index
+from shardcheck.options import GenOptions
+
+MODELS = ("attention", "attention_head", "multi_attention")
+OLD_MTIME_NS = 1_000_000_000_000_000_000
+
+
+def generated_hints(model: Path) -> ShardHints:
+    return generate(load_index(model), GenOptions()).hints
+
+
+def drifted(hints: ShardHints) -> ShardHints:
+    """The hints as an older version might have written them: reduce_op sum, not max."""
+    return hints.with_changes(dist_collectives=replace(hints.dist_collectives, reduce_op="sum"))
+
+
+def make_project(directory: Path, models: tuple[str, ...] = MODELS) -> Path:
+    """Fixture models with up-to-date goldens under ``directory``, listed in shardcheck.toml."""
+    (directory / "fixtures").mkdir()
+    (directory / "golden").mkdir()
+    lines = ["[tool.shardcheck]", 'golden-dir = "golden"']
+    for name in models:
+        model = directory / "fixtures" / f"{name}.onnx"
+        shutil.copy(FIXTURES / f"{name}.onnx", model)
+        golden = directory / "golden" / f"{name}.json"
+        golden.write_text(dumps(generated_hints(model)))
+        os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+        lines += [
+            "[[tool.shardcheck.models]]",
+            f'path = "{model}"',
+            f'golden = "golden/{name}.json"',
+        ]
+    manifest = directory / "shardcheck.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def drift(golden: Path) -> None:
+    golden.write_text(dumps(drifted(read_hints(golden))))
+    os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+
+
+def golden_state(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
+
+
+def test_all_ok_exits_0(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+
+    result = run_cli("check", "--manifest", manifest)
+
+    assert result.exit_code == 0
+    assert (
+        result.stdout == "ok       attention\nok       attention_head\nok       multi_attention\n"
+    )
+    assert result.stderr == ""
+
+
+def test_one_changed_model_exits_1_and_is_named(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    drift(tmp_path / "golden" / "attention_head.json")
+
+    result = run_cli("check", "--manifest", manifest)
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "ok       attention",
+        "DIFFERS  attention_head (1 difference)",
+        '    dist_collectives.reduce_op: "sum" -> "max"',
+        "ok       multi_attention",
+    ]
+    assert result.stderr == ""
+
+
+def test_update_rewrites_exactly_the_changed_golden_then_check_passes(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    changed = tmp_path / "golden" / "attention_head.json"
+    expected = changed.read_bytes()
+    drift(changed)
+    before = golden_state(tmp_path / "golden")
+
+    updated = run_cli("check", "--manifest", manifest, "--update")
+
+    assert updated.exit_code == 0
+    assert updated.stdout.splitlines()[1:3] == [
+        "UPDATED  attention_head (rewrote golden/attention_head.json: 1 difference)",
+        '    dist_collectives.reduce_op: "sum" -> "max"',
+    ]
+    after = golden_state(tmp_path / "golden")
+    assert after["attention_head.json"][0] == expected
+    assert after["attention_head.json"][1] != OLD_MTIME_NS
+    del before["attention_head.json"], after["attention_head.json"]
+    assert after == before  # the other goldens: same bytes, same mtimes
+
+    again = run_cli("check", "--manifest", manifest)
+    assert (again.exit_code, again.stderr) == (0, "")
+
+
+def test_model_that_fails_to_load_is_exit_1_and_keeps_its_golden(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    broken = tmp_path / "fixtures" / "attention.onnx"
+    broken.write_bytes(b"")
+    drift(tmp_path / "golden" / "attention.json")
+    drift(tmp_path / "golden" / "multi_attention.json")
+    kept = (tmp_path / "golden" / "attention.json").read_bytes()
+
+    result = run_cli("check", "--manifest", manifest, "--update")
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == (
+        f"ERROR    attention: {broken}: empty file, expected an ONNX model"
+    )
+    assert result.stdout.splitlines()[2].startswith("UPDATED  multi_attention ")
+    assert result.stderr == ""
+    golden = tmp_path / "golden" / "attention.json"
+    assert (golden.read_bytes(), golden.stat().st_mtime_ns) == (kept, OLD_MTIME_NS)
+
+
+def test_missing_golden_fails_until_update_writes_it(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    golden = tmp_path / "golden" / "attention.json"
+    expected = golden.read_bytes()
+    golden.unlink()
+
+    missing = run_cli("check", "--manifest", manifest)
+    assert missing.exit_code == 1
+    assert missing.stdout == (
+        "MISSING  attention (no golden: golden/attention.json; run with --update)\n"
+    )
+
+    created = run_cli("check", "--manifest", manifest, "--update")
+    assert created.exit_code == 0
+    assert created.stdout == "CREATED  attention (wrote golden/attention.json)\n"
+    assert golden.read_bytes() == expected
+
+
+def test_stale_golden_fails(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    (tmp_path / "golden" / "old.json").write_text("{}\n")
+
+    result = run_cli("check", "--manifest", manifest, "--update")
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "ok       attention",
+        "STALE    golden/old.json (no model in the manifest claims it; delete it or list its "
+        "model)",
+    ]
+    assert (tmp_path / "golden" / "old.json").read_text() == "{}\n"
+
+
+def test_json_format_and_report_file(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention", "attention_head"))
+    drift(tmp_path / "golden" / "attention.json")
+    report = tmp_path / "out" / "report.json"
+    report.parent.mkdir()
+
+    result = run_cli("check", "--manifest", manifest, "--format", "json", "--report", report)
+
+    assert result.exit_code == 1
+    assert result.stderr == ""
+    document = json.loads(result.stdout)
+    assert json.loads(report.read_text()) == document
+    assert document["ok"] is False
+    assert [(m["name"], m["status"]) for m in document["models"]] == [
+        ("attention", "differs"),
+        ("attention_head", "ok"),
+    ]
+    assert document["models"][0]["differences"] == [
+        {
+            "kind": "changed",
+            "path": "dist_collectives.reduce_op",
+            "golden": "sum",
+            "candidate": "max",
+        }
+    ]
+
+
+def test_report_file_with_text_output(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    report = tmp_path / "report.json"
+
+    result = run_cli("check", "--manifest", manifest, "--report", report)
+
+    assert (result.exit_code, result.stdout) == (0, "ok       attention\n")
+    assert json.loads(report.read_text())["ok"] is True
+
+
+def test_unusable_manifest_exits_2_with_one_error_line(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    manifest.write_text(manifest.read_text().replace('golden = "golden/attention.json"\n', ""))
+
+    result = run_cli("check", "--manifest", manifest)
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"shardcheck: error: {manifest}: tool.shardcheck.models[0].golden: missing\n"
+    )
+
+
+def test_default_manifest_prefers_shardcheck_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_project(tmp_path, ("attention",))
+    (tmp_path / "pyproject.toml").write_text("[tool.shardcheck]\nmodels = 3\n")
+    monkeypatch.chdir(tmp_path)
+
+    result = run_cli("check")
+
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "ok       attention\n", "")
+
+
+def test_default_pyproject_without_table_is_a_clean_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.chdir(tmp_path)
+
+    result = run_cli("check")
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "shardcheck: error: pyproject.toml: no [tool.shardcheck] table; see docs/gating.md\n"
+    )
+
+
+def test_no_manifest_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    result = run_cli("check")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "shardcheck: error: .: no manifest: neither shardcheck.toml nor pyproject.toml is in "
+        "this directory\n"
+    )
+
+
+def test_verify_without_verify_module_is_a_clean_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "shardcheck.verify", None)  # import now fails
+    manifest = make_project(tmp_path, ("attention",))
+
+    result = run_cli("check", "--manifest", manifest, "--verify")
+
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "shardcheck: error: verify is not available in this version\n"
+
+
+# ------------------------------------------------------------------ SIGKILL during --update
+
+KILLED_MODELS = 24  # 8 fixtures x 3 copies: the update writes for a few hundred ms
+
+
+def make_drifted_project(directory: Path) -> tuple[Path, dict[Path, str], dict[Path, str]]:
+    """A manifest whose every golden differs; returns (manifest, old texts, new texts)."""
+    (directory / "fixtures").mkdir()
+    (directory / "golden").mkdir()
+    lines = ["[tool.shardcheck]"]
+    old: dict[Path, str] = {}
+    new: dict[Path, str] = {}
+    sources = sorted(FIXTURES.glob("*.onnx"))
+    for number in range(KILLED_MODELS):
+        source = sources[number % len(sources)]
+        name = f"{source.stem}_{number}"
+        model = directory / "fixtures" / f"{name}.onnx"
+        shutil.copy(source, model)
+        golden = directory / "golden" / f"{name}.json"
+        hints = generated_hints(model)
+        new[golden], old[golden] = dumps(hints), dumps(drifted(hints))
+        lines += [
+            "[[tool.shardcheck.models]]",
+            f'path = "fixtures/{name}.onnx"',
+            f'golden = "golden/{name}.json"',
+        ]
+    manifest = directory / "shardcheck.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest, old, new
+
+
+def start_update(manifest: Path) -> subprocess.Popen[bytes]:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardcheck", "check", "--update", "--manifest", str(manifest)],
+        cwd=manifest.parent,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_for_first_write(directory: Path, process: subprocess.Popen[bytes]) -> None:
+    """Until the update creates its first temporary file (the directory changes) or exits."""
+    start = directory.stat().st_mtime_ns
+    deadline = time.monotonic() + 30
+    while directory.stat().st_mtime_ns == start and process.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("shardcheck check --update wrote nothing in 30 s")
+        time.sleep(0.001)
+
+
+def test_sigkill_during_update_leaves_every_golden_old_or_new(tmp_path: Path) -> None:
+    manifest, old, new = make_drifted_project(tmp_path)
+    rng = random.Random(20240611)
+    golden_dir = tmp_path / "golden"
+    mixed_kills = 0
+    # Kill at a random moment from the start (maybe before any write), or a random short
+    # time after the first write so that kills land inside the write phase.
+    moments = [("start", rng.uniform(0.0, 0.5)) for _ in range(2)]
+    moments += [("first write", rng.uniform(0.0, 0.06)) for _ in range(6)]
+    for anchor, delay in moments:
+        for golden, text in old.items():
+            golden.write_text(text)
+        process = start_update(manifest)
+        if anchor == "first write":
+            wait_for_first_write(golden_dir, process)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+
+        rewritten = 0
+        for golden in old:
+            text = golden.read_text()
+            assert text in (old[golden], new[golden]), f"{golden.name} after kill at {delay:.3f}s"
+            read_hints(golden)  # parses as a hints file
+            rewritten += text == new[golden]
+        mixed_kills += 0 < rewritten < len(old)
+    # At least one kill landed between two golden writes, so the check above was exercised.
+    assert mixed_kills >= 1
+
+    finished = start_update(manifest)
+    assert finished.wait(timeout=60) == 0
+    assert all(golden.read_text() == new[golden] for golden in new)

@@ -1,0 +1,309 @@
+"""The gate as a library: statuses, lines, goldens written only when they should be."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from shardcheck.errors import InputError
+from shardcheck.gate import (
+    CREATED,
+    DIFFERS,
+    ERROR,
+    INVALID,
+    OK,
+    UPDATED,
+    run_check,
+    run_verify,
+)
+from shardcheck.generate import generate
+from shardcheck.hints import ShardHints, dumps
+from shardcheck.hints_file import read_hints
+from shardcheck.loader import load_index
+from shardcheck.manifest import Manifest, load_manifest
+from shardcheck.options import GenOptions
+
+MODELS = ("attention", "attention_head", "multi_attention")
+OLD_MTIME_NS = 1_000_000_000_000_000_000  # 2001: any write by the gate changes it
+
+
+def generated(name: str) -> str:
+    """The hints text gen writes today for a fixture (default options)."""
+    return dumps(generate(load_index(FIXTURES / f"{name}.onnx"), GenOptions()).hints)
+
+
+def make_project(tmp_path: Path, models: tuple[str, ...] = MODELS) -> Path:
+    """Fixture models with up-to-date goldens in ``tmp_path``, and a shardcheck.toml."""
+    (tmp_path / "fixtures").mkdir()
+    (tmp_path / "golden").mkdir()
+    lines = ["[tool.shardcheck]", 'golden-dir = "golden"']
+    for name in models:
+        shutil.copy(FIXTURES / f"{name}.onnx", tmp_path / "fixtures")
+        (tmp_path / "golden" / f"{name}.json").write_text(generated(name))
+        lines += [
+            "[[tool.shardcheck.models]]",
+            f'path = "fixtures/{name}.onnx"',
+            f'golden = "golden/{name}.json"',
+        ]
+    manifest = tmp_path / "shardcheck.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    for golden in (tmp_path / "golden").iterdir():
+        os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+    return manifest
+
+
+def golden_state(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
+
+
+def with_reduce_op(hints: ShardHints, reduce_op: str) -> ShardHints:
+    return hints.with_changes(dist_collectives=replace(hints.dist_collectives, reduce_op=reduce_op))
+
+
+def check(manifest_path: Path, **kwargs: bool) -> tuple[Manifest, list[str]]:
+    manifest = load_manifest(manifest_path)
+    result = run_check(manifest, **kwargs)
+    return manifest, result.lines()
+
+
+def test_matching_goldens_are_ok(tmp_path: Path) -> None:
+    result = run_check(load_manifest(make_project(tmp_path)))
+
+    assert result.ok
+    assert [r.status for r in result.models] == [OK, OK, OK]
+    assert result.lines() == [
+        "ok       attention",
+        "ok       attention_head",
+        "ok       multi_attention",
+    ]
+    assert result.written == ()
+
+
+def test_changed_golden_differs_and_names_each_difference(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    golden = tmp_path / "golden" / "attention_head.json"
+    golden.write_text(dumps(with_reduce_op(read_hints(golden), "sum")))
+
+    result = run_check(load_manifest(manifest))
+
+    assert not result.ok
+    assert [r.status for r in result.models] == [OK, DIFFERS, OK]
+    # The golden says "sum"; generation gives the default "max".
+    assert result.lines() == [
+        "ok       attention",
+        "DIFFERS  attention_head (1 difference)",
+        '    dist_collectives.reduce_op: "sum" -> "max"',
+        "ok       multi_attention",
+    ]
+
+
+def test_update_rewrites_only_the_differing_golden(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    changed = tmp_path / "golden" / "attention_head.json"
+    expected = changed.read_text()
+    changed.write_text(dumps(with_reduce_op(read_hints(changed), "sum")))
+    os.utime(changed, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+    before = golden_state(tmp_path / "golden")
+
+    result = run_check(load_manifest(manifest), update=True)
+
+    assert result.ok
+    assert [r.status for r in result.models] == [OK, UPDATED, OK]
+    assert [r.entry.name for r in result.written] == ["attention_head"]
+    assert result.lines()[1] == (
+        "UPDATED  attention_head (rewrote golden/attention_head.json: 1 difference)"
+    )
+    after = golden_state(tmp_path / "golden")
+    assert changed.read_text() == expected
+    assert after["attention_head.json"][1] != OLD_MTIME_NS
+    del before["attention_head.json"], after["attention_head.json"]
+    assert after == before
+    assert run_check(load_manifest(manifest)).ok
+
+
+def test_missing_golden_fails_and_update_creates_it(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    with manifest.open("a") as stream:
+        stream.write('[[tool.shardcheck.models]]\nname = "gpt2"\n')
+        stream.write('path = "fixtures/attention.onnx"\ngolden = "golden/new/gpt2.json"\n')
+
+    _, lines = check(manifest)
+    assert lines == [
+        "ok       attention",
+        "MISSING  gpt2 (no golden: golden/new/gpt2.json; run with --update)",
+    ]
+    assert not (tmp_path / "golden" / "new").exists()
+
+    result = run_check(load_manifest(manifest), update=True)
+
+    assert result.ok
+    assert result.models[1].status == CREATED
+    assert result.lines()[1] == "CREATED  gpt2 (wrote golden/new/gpt2.json)"
+    assert (tmp_path / "golden/new/gpt2.json").read_text() == generated("attention")
+
+
+def test_model_that_fails_to_load_is_an_error_and_its_golden_is_untouched(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    (tmp_path / "fixtures" / "attention_head.onnx").write_bytes(b"\x08\x07garbage")
+    golden = tmp_path / "golden" / "attention_head.json"
+    golden.write_text('{"stale": true}\n')
+    os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+    before = golden_state(tmp_path / "golden")
+
+    result = run_check(load_manifest(manifest), update=True)
+
+    assert not result.ok
+    assert [r.status for r in result.models] == [OK, ERROR, OK]
+    line = result.lines()[1]
+    assert line.startswith(
+        f"ERROR    attention_head: {tmp_path}/fixtures/attention_head.onnx: not a readable ONNX "
+        "model"
+    )
+    assert golden_state(tmp_path / "golden") == before
+
+
+def test_unreadable_golden_is_invalid_and_update_replaces_it(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    golden = tmp_path / "golden" / "attention.json"
+    golden.write_text('{"parallelism": "CP"')
+
+    result = run_check(load_manifest(manifest))
+    assert result.models[0].status == INVALID
+    assert result.lines() == [
+        f"INVALID  attention ({golden}: not valid JSON (Expecting ',' delimiter at line 1 "
+        "column 21); run with --update)"
+    ]
+
+    updated = run_check(load_manifest(manifest), update=True)
+    assert updated.ok
+    assert updated.models[0].status == UPDATED
+    assert golden.read_text() == generated("attention")
+
+
+def test_gen_options_of_the_entry_are_used(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    text = manifest.read_text().replace(
+        'golden = "golden/attention.json"',
+        'golden = "golden/attention.json"\ngen = { cp-type = "fused", is-causal = true }',
+    )
+    manifest.write_text(text)
+
+    result = run_check(load_manifest(manifest))
+
+    # fused: no K/V gather, the layer (Q is the graph input q) is replaced by a causal fused op.
+    assert result.lines() == [
+        "DIFFERS  attention (2 differences)",
+        "    attention_layers[q=q].gather_kv: true -> false",
+        '    attention_layers[q=q].replace: null -> {"is_causal": true, "k_shuffle": null, '
+        '"nb_rank": 1, "q_shuffle": null, "v_shuffle": null}',
+    ]
+
+
+def test_unclaimed_goldens_are_stale(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    (tmp_path / "golden" / "old.json").write_text("{}")
+    (tmp_path / "golden" / "sub").mkdir()
+    (tmp_path / "golden" / "sub" / "older.json").write_text("{}")
+    (tmp_path / "golden" / "notes.txt").write_text("not a golden")
+    (tmp_path / "golden" / ".attention.json.x1.tmp").write_text("left by a killed run")
+    (tmp_path / "golden" / ".cache").mkdir()
+    (tmp_path / "golden" / ".cache" / "hidden.json").write_text("{}")
+
+    result = run_check(load_manifest(manifest))
+
+    assert not result.ok
+    assert result.models[0].ok
+    assert result.lines()[1:] == [
+        "STALE    golden/old.json (no model in the manifest claims it; delete it or list its "
+        "model)",
+        "STALE    golden/sub/older.json (no model in the manifest claims it; delete it or list "
+        "its model)",
+    ]
+    assert result.to_json()["stale"] == ["golden/old.json", "golden/sub/older.json"]
+
+
+def test_without_golden_dir_nothing_is_stale(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    manifest.write_text(manifest.read_text().replace('golden-dir = "golden"\n', ""))
+    (tmp_path / "golden" / "old.json").write_text("{}")
+
+    assert run_check(load_manifest(manifest)).ok
+
+
+def test_json_report(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention", "attention_head"))
+    golden = tmp_path / "golden" / "attention_head.json"
+    golden.write_text(dumps(with_reduce_op(read_hints(golden), "min")))
+
+    document = run_check(load_manifest(manifest)).to_json()
+
+    assert document["ok"] is False
+    assert (document["update"], document["verify"], document["stale"]) == (False, False, [])
+    assert document["manifest"] == str(manifest)
+    assert document["models"][1] == {
+        "name": "attention_head",
+        "model": "fixtures/attention_head.onnx",
+        "golden": "golden/attention_head.json",
+        "status": DIFFERS,
+        "ok": False,
+        "error": None,
+        "golden_problem": None,
+        "differences": [
+            {
+                "kind": "changed",
+                "path": "dist_collectives.reduce_op",
+                "golden": "min",
+                "candidate": "max",
+            }
+        ],
+        "warnings": [],
+        "verify": None,
+    }
+    assert document["models"][0]["status"] == OK
+
+
+def test_verify_request_without_verify_module_is_an_input_error_before_any_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "shardcheck.verify", None)  # import now fails
+    manifest = make_project(tmp_path, ("attention",))
+    golden = tmp_path / "golden" / "attention.json"
+    golden.write_text(dumps(with_reduce_op(read_hints(golden), "min")))
+    before = golden.read_bytes()
+
+    with pytest.raises(InputError) as error:
+        run_check(load_manifest(manifest), update=True, verify=True)
+
+    assert error.value.message == "verify is not available in this version"
+    assert golden.read_bytes() == before
+
+
+def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Path) -> None:
+    verify_module = pytest.importorskip("shardcheck.verify")
+    manifest_path = make_project(tmp_path, ("attention", "attention_head"))
+    text = manifest_path.read_text().replace(
+        'golden = "golden/attention.json"',
+        'golden = "golden/attention.json"\nverify = true\nranks = 2\nseq-lens = [4, 8]',
+    )
+    manifest_path.write_text(text)
+    manifest = load_manifest(manifest_path)
+
+    result = run_check(manifest, verify=True)
+
+    verified, not_asked = result.models
+    assert not_asked.verify is None
+    assert verified.verify is not None
+    hints = read_hints(tmp_path / "golden" / "attention.json")
+    direct = verify_module.verify(
+        str(tmp_path / "fixtures" / "attention.onnx"), hints, ranks=2, seq_lens=(4, 8)
+    )
+    assert verified.verify.ok == direct.ok
+    assert verified.verify.text == direct.render_text()
+    assert run_verify(manifest.models[0], hints) == verified.verify
+    assert result.to_json()["models"][0]["verify"]["ok"] == direct.ok
