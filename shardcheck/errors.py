@@ -6,6 +6,8 @@ from __future__ import annotations
 class ShardcheckError(Exception):
     """Root of shardcheck's errors: the message is what the user reads, on one line."""
 
+    exit_code = 2
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -35,3 +37,12 @@ class ModelError(InputError):
 
 class OutputError(InputError):
     """An output file cannot be written."""
+
+
+class AnalysisError(ShardcheckError):
+    """The model was read, but no correct result can be written (e.g. layers that disagree).
+
+    Exit code 1, like a finding: the input is fine, the model is the problem.
+    """
+
+    exit_code = 1

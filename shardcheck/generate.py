@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from shardcheck.errors import ModelError
+from shardcheck.axes import carries
+from shardcheck.detect import AttentionLayer, detect_attention
+from shardcheck.errors import AnalysisError, ModelError
+from shardcheck.frontier import find_frontier
 from shardcheck.graph import GraphIndex, Shape
 from shardcheck.hints import (
     AttentionLayerHint,
@@ -16,6 +19,7 @@ from shardcheck.hints import (
 )
 from shardcheck.options import GenOptions
 from shardcheck.patterns.polygraphy import PATTERN_DESCRIPTIONS, PatternMatch, match_all
+from shardcheck.shapes import ShapeInference
 from shardcheck.suggest import dependent_graph_inputs, dependent_graph_outputs
 
 # Polygraphy's whole idea of a sequence axis: a dim with one of these names.
@@ -26,17 +30,43 @@ POLYGRAPHY_SEQ_DIM_NAMES = ("sequence_length", "seq_len")
 class GenResult:
     hints: ShardHints
     warnings: tuple[str, ...] = field(default=())
+    layers: tuple[AttentionLayer, ...] = field(default=())
 
 
 def generate(index: GraphIndex, options: GenOptions) -> GenResult:
     """Build shard hints for ``index``.
 
-    Both modes currently follow Polygraphy 0.53.6's shard-hints: its attention patterns, its
-    dependency walk for suggested tensors, its name-based sequence-axis guess and its rank
-    fallbacks. The output order is fixed (graph order), unlike Polygraphy's.
+    The default mode detects attention as real exporters write it, infers every sequence axis
+    from the graph and suggests the CP frontier (``options.io == "frontier"``) or the graph
+    inputs and outputs the layers depend on (``"graph"``). ``compat="polygraphy"`` follows
+    Polygraphy 0.53.6's shard-hints instead. The output order is fixed (graph order).
     """
     if options.compat == "polygraphy":
-        _require_unique_names_for_polygraphy(index)
+        return _generate_polygraphy(index, options)
+    return _generate_detected(index, options)
+
+
+def _collectives(options: GenOptions) -> DistCollective:
+    return DistCollective(
+        group_size=options.gpus,
+        root=options.root,
+        nb_rank=options.nb_rank,
+        groups=tuple(options.groups),
+        reduce_op=options.reduce_op,
+    )
+
+
+def _layer_hint(q: str, options: GenOptions) -> AttentionLayerHint:
+    return AttentionLayerHint(
+        q=q,
+        gather_kv=options.cp_type == "native",
+        gather_q=False,
+        replace=_fused(options) if options.cp_type == "fused" else None,
+    )
+
+
+def _generate_polygraphy(index: GraphIndex, options: GenOptions) -> GenResult:
+    _require_unique_names_for_polygraphy(index)
     matches = match_all(index, options.attention_pattern)
     warnings: list[str] = []
     if not matches:
@@ -44,16 +74,6 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
             f"{index.source}: no attention layer found (tried Polygraphy's "
             f"{PATTERN_DESCRIPTIONS[options.attention_pattern]}); the hints have no layers"
         )
-
-    layers = tuple(
-        AttentionLayerHint(
-            q=match.q,
-            gather_kv=options.cp_type == "native",
-            gather_q=False,
-            replace=_fused(options) if options.cp_type == "fused" else None,
-        )
-        for match in matches
-    )
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()
     if not options.no_suggest_io:
@@ -68,21 +88,130 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
         )
     hints = ShardHints(
         parallelism=options.parallelism,
-        attention_layers=layers,
-        dist_collectives=DistCollective(
-            group_size=options.gpus,
-            root=options.root,
-            nb_rank=options.nb_rank,
-            groups=tuple(options.groups),
-            reduce_op=options.reduce_op,
-        ),
+        attention_layers=tuple(_layer_hint(match.q, options) for match in matches),
+        dist_collectives=_collectives(options),
         inputs=inputs,
         outputs=outputs,
-        k_seq_len_idx=options.k_idx,
-        v_seq_len_idx=options.v_idx,
+        k_seq_len_idx=0 if options.k_idx is None else options.k_idx,
+        v_seq_len_idx=0 if options.v_idx is None else options.v_idx,
         kv_rank=_polygraphy_kv_rank(index, matches, options.kv_rank),
     )
     return GenResult(hints=hints, warnings=tuple(warnings))
+
+
+def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    warnings: list[str] = []
+    if not layers:
+        warnings.append(
+            f"{index.source}: no attention layer found (looked for Softmax between two MatMuls, "
+            "with scales, masks and casts between them, and for fused Attention, "
+            "MultiHeadAttention and GroupQueryAttention nodes); the hints have no layers"
+        )
+    skipped = [layer.name for layer in layers if not layer.polygraphy_recognises]
+    if skipped:
+        warnings.append(
+            f"{index.source}: {len(skipped)} of {len(layers)} attention layers match neither of "
+            f"Polygraphy's patterns (first: {skipped[0]}); 'polygraphy multi-device shard' "
+            "would skip them, 'shardcheck shard' does not"
+        )
+    unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
+    if unknown:
+        warnings.append(
+            f"{index.source}: the ranks of Q/K/V are unknown for layer {unknown[0]}"
+            f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}; "
+            "their axes fall back to the --k-idx/--v-idx/--kv-rank options"
+        )
+    k_idx, v_idx, kv_rank = _kv_axes(index, layers, options)
+
+    inputs: tuple[ShardTensor, ...] = ()
+    outputs: tuple[ShardTensor, ...] = ()
+    if not options.no_suggest_io and layers:
+        if options.io == "graph":
+            inputs, outputs = _graph_io(index, shapes, layers, options)
+        else:
+            frontier = find_frontier(index, shapes, layers)
+            warnings.extend(f"{index.source}: {w}" for w in frontier.warnings)
+            inputs = tuple(ShardTensor(t.name, t.axis, t.rank) for t in frontier.inputs)
+            outputs = tuple(ShardTensor(t.name, t.axis, t.rank) for t in frontier.outputs)
+    hints = ShardHints(
+        parallelism=options.parallelism,
+        attention_layers=tuple(_layer_hint(layer.q, options) for layer in layers),
+        dist_collectives=_collectives(options),
+        inputs=inputs,
+        outputs=outputs,
+        k_seq_len_idx=k_idx,
+        v_seq_len_idx=v_idx,
+        kv_rank=kv_rank,
+    )
+    return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
+
+
+def _kv_axes(
+    index: GraphIndex, layers: list[AttentionLayer], options: GenOptions
+) -> tuple[int, int, int | None]:
+    """One K index, one V index and one K/V rank for the whole model, or an error that says
+    which layers disagree."""
+    chosen: list[int | None] = []
+    for what, explicit, values in (
+        ("K index (k_seq_len_idx)", options.k_idx, [layer.k_axis for layer in layers]),
+        ("V index (v_seq_len_idx)", options.v_idx, [layer.v_axis for layer in layers]),
+        (
+            "K/V rank (kv_rank)",
+            options.kv_rank,
+            [layer.k_rank for layer in layers] + [layer.v_rank for layer in layers],
+        ),
+    ):
+        if explicit is not None:
+            chosen.append(explicit)
+            continue
+        known = sorted({v for v in values if v is not None})
+        if len(known) > 1:
+            groups = "; ".join(
+                f"{value} for {', '.join(_layers_with(layers, what, value))}" for value in known
+            )
+            raise AnalysisError(
+                f"{index.source}: the attention layers need different {what}s ({groups}); a "
+                "hints file holds one value for the whole model. Nothing was written; pass the "
+                "value to use explicitly (--k-idx, --v-idx, --kv-rank) to write it anyway"
+            )
+        chosen.append(known[0] if known else None)
+    k_idx, v_idx, kv_rank = chosen
+    return (0 if k_idx is None else k_idx, 0 if v_idx is None else v_idx, kv_rank)
+
+
+def _layers_with(layers: list[AttentionLayer], what: str, value: int) -> list[str]:
+    if what.startswith("K index"):
+        return [layer.name for layer in layers if layer.k_axis == value]
+    if what.startswith("V index"):
+        return [layer.name for layer in layers if layer.v_axis == value]
+    return [layer.name for layer in layers if value in (layer.k_rank, layer.v_rank)]
+
+
+def _graph_io(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer], options: GenOptions
+) -> tuple[tuple[ShardTensor, ...], tuple[ShardTensor, ...]]:
+    """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes."""
+    ends = [index.nodes[index.producer[layer.output]] for layer in layers]
+    first = layers[0]
+    q_shape = shapes.shape(first.q)
+    seq = q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+
+    def tensor(name: str, default_idx: int, default_rank: int | None) -> ShardTensor:
+        shape = shapes.shape(name)
+        axis = next((i for i, d in enumerate(shape or ()) if carries(d, seq)), None)
+        if axis is None:
+            axis = guess_seq_len_idx_by_name(shape, default_idx)
+        return ShardTensor(name, axis, len(shape) if shape is not None else default_rank)
+
+    inputs = tuple(
+        tensor(name, options.i_idx, options.i_rank) for name in dependent_graph_inputs(index, ends)
+    )
+    outputs = tuple(
+        tensor(name, options.o_idx, options.o_rank) for name in dependent_graph_outputs(index, ends)
+    )
+    return inputs, outputs
 
 
 def _fused(options: GenOptions) -> FusedAttention:

@@ -12,6 +12,8 @@ from shardcheck.hints import PARALLELISMS, REDUCE_OPS
 
 CP_TYPES = ("native", "fused")
 COMPAT_MODES = ("none", "polygraphy")
+# frontier: the earliest/latest tensors that make CP exact; graph: graph inputs/outputs only.
+IO_MODES = ("frontier", "graph")
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,9 @@ class GenOptions:
     no_suggest_io: bool = False
     i_idx: int = 0
     o_idx: int = 0
-    k_idx: int = 0
-    v_idx: int = 0
+    # None: inferred from the gathered K and V (0 with --compat polygraphy, as in Polygraphy).
+    k_idx: int | None = None
+    v_idx: int | None = None
     i_rank: int | None = None
     o_rank: int | None = None
     kv_rank: int | None = None
@@ -37,12 +40,14 @@ class GenOptions:
     is_causal: bool = False
     nb_rank: int = 1
     compat: str = "none"
+    io: str = "frontier"
 
     def __post_init__(self) -> None:
         _choice("parallelism", self.parallelism, PARALLELISMS)
         _choice("cp_type", self.cp_type, CP_TYPES)
         _choice("reduce_op", self.reduce_op, REDUCE_OPS)
         _choice("compat", self.compat, COMPAT_MODES)
+        _choice("io", self.io, IO_MODES)
         if self.attention_pattern not in (0, 1):
             raise InputError(f"attention_pattern: expected 0 or 1, got {self.attention_pattern!r}")
 

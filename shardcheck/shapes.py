@@ -187,7 +187,7 @@ class ShapeInference:
         if op == "GatherElements":
             return [TensorInfo(self._in(node, 1).shape)]
         if shape is None:
-            return None
+            return self._rank_only(node)
         rank = len(shape)
         if op == "Shape":
             start = node.attr("start", 0)
@@ -202,7 +202,7 @@ class ShapeInference:
         if op == "Reshape":
             target = self._in(node, 1).value
             if target is None:
-                return None
+                return self._rank_only(node)
             dims = reshape_dims(shape, target, bool(node.attr("allowzero", 0)))
             value = first.value if dims is not None and len(dims) <= 1 else None
             return [TensorInfo(dims, value)]
@@ -297,6 +297,16 @@ class ShapeInference:
             return [TensorInfo(shape)]
         if op == "Conv":
             return self._conv(node, shape)
+        return None
+
+    def _rank_only(self, node: Node) -> list[TensorInfo] | None:
+        """Unknown dims of a known rank, where the op fixes the rank by itself."""
+        if node.op_type == "Transpose" and node.attr("perm"):
+            return [TensorInfo((None,) * len(node.attr("perm")))]
+        if node.op_type == "Reshape":
+            target = self._in(node, 1).shape
+            if target is not None and len(target) == 1 and isinstance(target[0], int):
+                return [TensorInfo((None,) * target[0])]
         return None
 
     def _conv(self, node: Node, shape: Shape) -> list[TensorInfo] | None:

@@ -19,11 +19,23 @@ def test_gen_writes_hints_file(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     document = read_json(out)
     assert [layer["q"] for layer in document["attention_layers"]] == ["q"]
-    # Polygraphy's name guess only knows "sequence_length" and "seq_len"; this dim is
-    # "sequence_len", so the default index 0 is written (compat behaviour).
+    # input is [batch, sequence_len, 16]: the sequence is axis 1, found from the graph.
     assert document["inputs"] == [
-        {"name": "input", "seq_len_idx": 0, "rank": 3, "polygraphy_class": "ShardTensor"}
+        {"name": "input", "seq_len_idx": 1, "rank": 3, "polygraphy_class": "ShardTensor"}
     ]
+    # K is gathered after the Transpose: [batch, 16, sequence_len]; V is [batch, seq, 16].
+    assert (document["k_seq_len_idx"], document["v_seq_len_idx"], document["kv_rank"]) == (2, 1, 3)
+
+
+def test_compat_keeps_polygraphy_name_guess(tmp_path: Path) -> None:
+    out = tmp_path / "hints.json"
+    result = run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out, "--compat", "polygraphy")
+    assert result.exit_code == 0, result.stderr
+    document = read_json(out)
+    # Polygraphy's name guess only knows "sequence_length" and "seq_len"; this dim is
+    # "sequence_len", so the default index 0 is written, and K/V indices are the defaults.
+    assert document["inputs"][0]["seq_len_idx"] == 0
+    assert (document["k_seq_len_idx"], document["v_seq_len_idx"]) == (0, 0)
 
 
 def test_gen_to_stdout_matches_file(tmp_path: Path) -> None:
@@ -35,7 +47,7 @@ def test_gen_to_stdout_matches_file(tmp_path: Path) -> None:
 
 
 def test_gen_orders_io_by_graph_and_layers_topologically() -> None:
-    result = run_cli("gen", FIXTURES / "multi_attention.onnx", "-o", "-")
+    result = run_cli("gen", FIXTURES / "multi_attention.onnx", "-o", "-", "--compat", "polygraphy")
     document = json.loads(result.stdout)
     assert [t["name"] for t in document["inputs"]] == ["q", "k", "v", "q2", "k2", "v2"]
     assert [t["name"] for t in document["outputs"]] == ["out1", "out2"]
@@ -84,12 +96,16 @@ def test_no_attention_gives_valid_empty_hints_and_warning() -> None:
     hints = loads(result.stdout)
     assert hints.attention_layers == () and hints.inputs == () and hints.outputs == ()
     assert "no attention layer found" in result.stderr
-    assert "MatMul(q, k) -> Softmax -> MatMul(., v)" in result.stderr
+    assert "Softmax between two MatMuls" in result.stderr
+    compat = run_cli("gen", FIXTURES / "no_attention.onnx", "-o", "-", "--compat", "polygraphy")
+    assert compat.exit_code == 0
+    assert "MatMul(q, k) -> Softmax -> MatMul(., v)" in compat.stderr
 
 
 def test_python_api_equals_cli() -> None:
-    result = generate(load_index(FIXTURES / "attention_output_chain.onnx"), GenOptions())
-    cli_text = run_cli("gen", FIXTURES / "attention_output_chain.onnx", "-o", "-").stdout
+    model = FIXTURES / "attention_output_chain.onnx"
+    result = generate(load_index(model), GenOptions(compat="polygraphy"))
+    cli_text = run_cli("gen", model, "-o", "-", "--compat", "polygraphy").stdout
     assert dumps(result.hints) == cli_text
     # The walk stops at a graph output: the residual output behind attn_out is not suggested,
     # and the input nothing depends on never is.

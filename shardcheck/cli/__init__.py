@@ -68,7 +68,7 @@ class ShardcheckGroup(click.Group):
             if debug:
                 traceback.print_exc()
             error_line(exc.message)
-            code = EXIT_INPUT_ERROR
+            code = exc.exit_code
         except KeyboardInterrupt:
             error_line("interrupted")
             code = 130

@@ -9,7 +9,7 @@ from shardcheck.generate import generate
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
 from shardcheck.loader import load_index
-from shardcheck.options import COMPAT_MODES, CP_TYPES, GenOptions
+from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 
 
 @click.command()
@@ -53,8 +53,18 @@ from shardcheck.options import COMPAT_MODES, CP_TYPES, GenOptions
     show_default=True,
     help="Sequence axis of outputs when it cannot be found.",
 )
-@click.option("--k-idx", type=int, default=0, show_default=True, help="Sequence axis of K.")
-@click.option("--v-idx", type=int, default=0, show_default=True, help="Sequence axis of V.")
+@click.option(
+    "--k-idx",
+    type=int,
+    default=None,
+    help="Sequence axis of the gathered K (default: inferred; 0 with --compat).",
+)
+@click.option(
+    "--v-idx",
+    type=int,
+    default=None,
+    help="Sequence axis of the gathered V (default: inferred; 0 with --compat).",
+)
 @click.option("--i-rank", type=int, default=None, help="Input rank when the model has none.")
 @click.option("--o-rank", type=int, default=None, help="Output rank when the model has none.")
 @click.option("--kv-rank", type=int, default=None, help="K/V rank when the model has none.")
@@ -89,6 +99,14 @@ from shardcheck.options import COMPAT_MODES, CP_TYPES, GenOptions
     default="none",
     show_default=True,
     help="'polygraphy' reproduces 'polygraphy template shard-hints' exactly.",
+)
+@click.option(
+    "--io",
+    type=click.Choice(IO_MODES),
+    default="frontier",
+    show_default=True,
+    help="frontier: the tensors that make CP exact (position tables and masks computed whole, "
+    "then scattered); graph: graph inputs and outputs only, as Polygraphy suggests them.",
 )
 def gen(model: str, output: str, **options: object) -> int:
     """Write shard hints for MODEL (an ONNX file) to OUTPUT."""

@@ -1,0 +1,236 @@
+"""Where the sequence axis goes through one node: the position-wise ops and their axis maps.
+
+An op is position-wise along an axis when each position of its output depends only on the same
+position of its inputs along that axis (elementwise ops, projections, layout changes that keep
+the axis whole, embedding lookups, normalisations over other axes). CP can run such an op on a
+slice of the sequence. ``input_axes`` answers, for an output axis, which input axes carry it;
+None means the op mixes or creates positions along that axis (a reduction over it, a Concat or
+Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
+"""
+
+from __future__ import annotations
+
+from shardcheck.graph import Dim, GraphIndex, Node
+from shardcheck.shapes import ELEMENTWISE, ShapeInference, _product
+
+AxisList = list[tuple[str, int]]
+
+NORMALISATIONS = frozenset(
+    [
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "RMSNormalization",
+    ]
+)
+REDUCTIONS = frozenset(
+    "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare".split()
+)
+FUSED_ATTENTION = frozenset(["Attention", "MultiHeadAttention", "GroupQueryAttention"])
+
+
+def carries(dim: Dim, seq: Dim) -> bool:
+    """Whether a dim is the sequence length, or a merged dim with it as a factor."""
+    if seq is None or dim is None:
+        return False
+    if isinstance(seq, int):
+        return dim == seq
+    return isinstance(dim, str) and seq in dim.split("*")
+
+
+class AxisMapper:
+    def __init__(self, index: GraphIndex, shapes: ShapeInference, seq: Dim) -> None:
+        self.index = index
+        self.shapes = shapes
+        self.seq = seq
+
+    def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
+        op = node.op_type
+        out_rank = self.shapes.rank(node.outputs[0])
+        if out_rank is None or not 0 <= out_axis < out_rank:
+            return None
+        if op in ("Softmax", "LogSoftmax"):
+            if node.attr("axis", -1) % out_rank == out_axis:
+                return None
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op in ("Dropout", "Identity", "Cast", "CastLike"):
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op in ELEMENTWISE:
+            if op == "Trilu":
+                return None
+            return self._aligned(node.inputs, out_axis, out_rank)
+        if op in NORMALISATIONS:
+            first = node.attr("axis", -1) % out_rank
+            return None if out_axis >= first else self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op == "Transpose":
+            perm = node.attr("perm") or list(reversed(range(out_rank)))
+            return [(node.inputs[0], perm[out_axis])]
+        if op in ("MatMul", "FusedMatMul"):
+            return self._matmul(node, out_axis, out_rank)
+        if op == "Gemm":
+            if out_axis != 0 or node.attr("transA", 0):
+                return None
+            return [(node.inputs[0], 0)]
+        if op == "Gather":
+            return self._gather(node, out_axis)
+        if op == "Reshape":
+            return self._reshape(node, out_axis)
+        if op in ("Unsqueeze", "Squeeze"):
+            return self._unsqueeze(node, out_axis, out_rank)
+        if op in ("Split", "Slice"):
+            if out_axis in self._cut_axes(node, out_rank):
+                return None
+            return [(node.inputs[0], out_axis)]
+        if op == "Concat":
+            if node.attr("axis", 0) % out_rank == out_axis:
+                return None
+            return self._aligned(node.inputs, out_axis, out_rank)
+        if op == "Expand":
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op in REDUCTIONS:
+            return self._reduction(node, out_axis, out_rank)
+        if op in FUSED_ATTENTION and node.domain in ("", "ai.onnx", "com.microsoft"):
+            q_rank = self.shapes.rank(node.inputs[0])
+            if q_rank is None or out_axis != out_rank - 2:
+                return None
+            return [(node.inputs[0], q_rank - 2)]
+        return None
+
+    def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:
+        """The output axis that input ``tensor`` at ``axis`` maps to (first output), if any."""
+        out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
+        if out_rank is None:
+            return None
+        for out_axis in range(out_rank):
+            mapped = self.input_axes(node, out_axis)
+            if mapped and (tensor, axis) in mapped:
+                return out_axis
+        return None
+
+    # ------------------------------------------------------------------ per op
+
+    def _aligned(self, inputs: tuple[str, ...], out_axis: int, out_rank: int) -> AxisList:
+        result: AxisList = []
+        for name in inputs:
+            shape = self.shapes.shape(name) if name else None
+            if shape is None:
+                continue
+            axis = out_axis - (out_rank - len(shape))
+            if axis >= 0 and shape[axis] != 1:
+                result.append((name, axis))
+        return result
+
+    def _matmul(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        a_rank = self.shapes.rank(node.inputs[0])
+        b_rank = self.shapes.rank(node.inputs[1])
+        if a_rank is None or b_rank is None or a_rank < 2 or b_rank < 2:
+            return None
+        if out_axis == out_rank - 2:
+            return [(node.inputs[0], a_rank - 2)]
+        if out_axis == out_rank - 1:
+            return [(node.inputs[1], b_rank - 1)]
+        # A batch axis: both operands broadcast into it.
+        return self._aligned(node.inputs[:2], out_axis, out_rank)
+
+    def _gather(self, node: Node, out_axis: int) -> AxisList | None:
+        data_rank = self.shapes.rank(node.inputs[0])
+        index_rank = self.shapes.rank(node.inputs[1])
+        if data_rank is None or index_rank is None:
+            return None
+        axis = node.attr("axis", 0) % data_rank
+        if out_axis < axis:
+            return [(node.inputs[0], out_axis)]
+        if out_axis < axis + index_rank:
+            return [(node.inputs[1], out_axis - axis)]
+        return [(node.inputs[0], out_axis - index_rank + 1)]
+
+    def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
+        source = self.shapes.shape(node.inputs[0])
+        target = self.shapes.shape(node.outputs[0])
+        if source is None or target is None or not carries(target[out_axis], self.seq):
+            return None
+        for in_axes, out_axes in _blocks(source, target):
+            if out_axis in out_axes:
+                carrying = [a for a in in_axes if carries(source[a], self.seq)]
+                return [(node.inputs[0], carrying[0])] if len(carrying) == 1 else None
+        return None
+
+    def _unsqueeze(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1:
+            value = self.index.constant_value(node.inputs[1])
+            axes = None if value is None else [int(v) for v in value.reshape(-1)]
+        in_rank = self.shapes.rank(node.inputs[0])
+        if axes is None or in_rank is None:
+            return None
+        if node.op_type == "Unsqueeze":
+            inserted = {a % out_rank for a in axes}
+            if out_axis in inserted:
+                return None
+            return [(node.inputs[0], out_axis - sum(1 for a in inserted if a < out_axis))]
+        removed = sorted(a % in_rank for a in axes)
+        axis = out_axis
+        for a in removed:
+            if a <= axis:
+                axis += 1
+        return [(node.inputs[0], axis)]
+
+    def _cut_axes(self, node: Node, rank: int) -> set[int]:
+        if node.op_type == "Split":
+            return {node.attr("axis", 0) % rank}
+        if len(node.inputs) > 3 and node.inputs[3]:
+            value = self.index.constant_value(node.inputs[3])
+            if value is None:
+                return set(range(rank))
+            return {int(a) % rank for a in value.reshape(-1)}
+        starts = self.shapes.shape(node.inputs[1])
+        count = starts[0] if starts and isinstance(starts[0], int) else rank
+        return set(range(count))
+
+    def _reduction(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        in_rank = self.shapes.rank(node.inputs[0])
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+            value = self.index.constant_value(node.inputs[1])
+            axes = None if value is None else [int(v) for v in value.reshape(-1)]
+        if in_rank is None or axes is None:
+            return None
+        reduced = {a % in_rank for a in axes}
+        if node.attr("keepdims", 1):
+            return None if out_axis in reduced else [(node.inputs[0], out_axis)]
+        kept = [a for a in range(in_rank) if a not in reduced]
+        return [(node.inputs[0], kept[out_axis])] if out_axis < len(kept) else None
+
+
+def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list[int], list[int]]]:
+    """Group the axes of a reshape into blocks of equal size (by symbols and integers)."""
+    blocks: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(source) and j < len(target):
+        in_axes, out_axes = [i], [j]
+        left, right = _product([source[i]]), _product([target[j]])
+        i += 1
+        j += 1
+        while left != right:
+            if left is None or right is None:
+                return blocks
+            if _smaller(left, right) and i < len(source):
+                in_axes.append(i)
+                left = _product([source[a] for a in in_axes])
+                i += 1
+            elif j < len(target):
+                out_axes.append(j)
+                right = _product([target[a] for a in out_axes])
+                j += 1
+            else:
+                return blocks
+        blocks.append((in_axes, out_axes))
+    return blocks
+
+
+def _smaller(left: tuple[int, object], right: tuple[int, object]) -> bool:
+    left_symbols = sum(left[1].values())  # type: ignore[attr-defined]
+    right_symbols = sum(right[1].values())  # type: ignore[attr-defined]
+    if left_symbols != right_symbols:
+        return left_symbols < right_symbols
+    return left[0] < right[0]

@@ -1,0 +1,290 @@
+"""Attention layers as real exporters write them.
+
+A decomposed layer is found from its Softmax: back through what exporters put between the score
+MatMul and the Softmax (a scale by Div or Mul, an additive mask, a Where mask, Casts, Reshapes),
+and forward through what they put between the Softmax and the context MatMul (Cast, Dropout,
+Identity, the IsNaN/Where guard of HF's SDPA path). The score MatMul's second input is what CP
+gathers for K, the context MatMul's second input what it gathers for V. Fused nodes (ONNX
+``Attention``, com.microsoft ``Attention``, ``MultiHeadAttention``, ``GroupQueryAttention``) are
+layers too. Each Softmax is looked at within a bounded neighbourhood: linear in the graph.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardcheck.graph import GraphIndex, Node
+from shardcheck.patterns.polygraphy import match_all
+from shardcheck.shapes import ShapeInference
+
+SCORE_SIDE_OPS = frozenset(
+    "Div Mul Add Sub Where Cast Reshape Identity Clip Tanh Max Min Squeeze Unsqueeze".split()
+)
+PROBS_SIDE_OPS = frozenset("Cast Dropout Identity Where Reshape Mul Squeeze Unsqueeze".split())
+# K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
+KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsqueeze Tile".split())
+MAX_SIDE_DEPTH = 8
+MAX_MASK_NODES = 80
+
+FUSED_OPS = {
+    ("", "Attention"): (0, 1, 2),
+    ("ai.onnx", "Attention"): (0, 1, 2),
+    ("com.microsoft", "MultiHeadAttention"): (0, 1, 2),
+    ("com.microsoft", "GroupQueryAttention"): (0, 1, 2),
+    ("com.microsoft", "Attention"): (0, 0, 0),
+}
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One attention layer: what a hint names, what CP gathers, where the sequence is."""
+
+    name: str
+    kind: str  # "decomposed" or "fused"
+    q: str  # the tensor a hint's ``q`` names: the score MatMul's first input (fused: input 0)
+    gathered_k: str  # what CP all-gathers for K
+    gathered_v: str  # what CP all-gathers for V
+    k: str  # K before its layout changes (Transpose, Reshape, GQA expansion, scale)
+    v: str
+    output: str
+    nodes: tuple[str, ...]  # score MatMul, Softmax, context MatMul (or the fused node)
+    q_axis: int | None  # query axis of ``q``
+    k_axis: int | None  # key axis of ``gathered_k``
+    v_axis: int | None  # key axis of ``gathered_v``
+    k_rank: int | None
+    v_rank: int | None
+    causal: str | None  # how a causal mask is built, or None
+    masks: tuple[str, ...] = ()  # tensors combined with the scores (additive or Where masks)
+    polygraphy_patterns: tuple[int, ...] = field(default=())
+    op_type: str = ""
+    # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
+    internal: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def polygraphy_recognises(self) -> bool:
+        return bool(self.polygraphy_patterns)
+
+
+def detect_attention(
+    index: GraphIndex, shapes: ShapeInference | None = None
+) -> list[AttentionLayer]:
+    """Every attention layer of the main graph, in graph order."""
+    shapes = shapes or ShapeInference(index)
+    recognised: dict[int, list[int]] = {}
+    for pattern in (0, 1):
+        for match in match_all(index, pattern):
+            recognised.setdefault(match.matmul1.index, []).append(pattern)
+    layers: list[tuple[int, AttentionLayer]] = []
+    for node in index.nodes:
+        if node.op_type == "Softmax":
+            layer = _decomposed(index, shapes, node, recognised)
+        elif (node.domain, node.op_type) in FUSED_OPS:
+            layer = _fused(index, shapes, node)
+        else:
+            continue
+        if layer is not None:
+            layers.append(layer)
+    return [layer for _, layer in sorted(layers, key=lambda item: item[0])]
+
+
+def _decomposed(
+    index: GraphIndex, shapes: ShapeInference, softmax: Node, recognised: dict[int, list[int]]
+) -> tuple[int, AttentionLayer] | None:
+    found = _score_matmul(index, softmax)
+    if found is None:
+        return None
+    score, score_path = found
+    found_context = _context_matmul(index, softmax)
+    if found_context is None:
+        return None
+    context, probs_path = found_context
+    q, gathered_k = score.inputs[0], score.inputs[1]
+    gathered_v = context.inputs[1]
+    if gathered_k in index.initializers or gathered_v in index.initializers:
+        return None  # a projection by weights (a classifier head, a router), not attention
+    q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, gathered_k, gathered_v))
+    masks = _mask_operands(index, score, score_path)
+    layer = AttentionLayer(
+        name=score.label,
+        kind="decomposed",
+        q=q,
+        gathered_k=gathered_k,
+        gathered_v=gathered_v,
+        k=_kv_source(index, gathered_k),
+        v=_kv_source(index, gathered_v),
+        output=context.outputs[0],
+        nodes=(score.label, softmax.label, context.label),
+        q_axis=None if q_rank is None or q_rank < 2 else q_rank - 2,
+        k_axis=None if k_rank is None or k_rank < 2 else k_rank - 1,
+        v_axis=None if v_rank is None or v_rank < 2 else v_rank - 2,
+        k_rank=k_rank,
+        v_rank=v_rank,
+        causal=_causal_mask(index, masks),
+        masks=masks,
+        polygraphy_patterns=tuple(recognised.get(score.index, ())),
+        op_type="MatMul/Softmax/MatMul",
+        internal=tuple(
+            sorted(
+                {score.index, softmax.index, context.index}
+                | {n.index for n in (*score_path, *probs_path)}
+            )
+        ),
+    )
+    return score.index, layer
+
+
+def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] | None:
+    """The MatMul that computes the scores, and the nodes from it to the Softmax."""
+    queue: deque[tuple[str, int, list[Node]]] = deque([(softmax.inputs[0], 0, [])])
+    seen: set[str] = set()
+    while queue:
+        tensor, depth, path = queue.popleft()
+        if tensor in seen or depth > MAX_SIDE_DEPTH:
+            continue
+        seen.add(tensor)
+        producer = index.producer_of(tensor)
+        if producer is None:
+            continue
+        if producer.op_type in ("MatMul", "FusedMatMul") and len(producer.inputs) >= 2:
+            return producer, path
+        if producer.op_type not in SCORE_SIDE_OPS:
+            continue
+        data_inputs = producer.inputs[1:3] if producer.op_type == "Where" else producer.inputs[:2]
+        if producer.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Cast", "Identity", "Tanh"):
+            data_inputs = producer.inputs[:1]
+        for name in data_inputs:
+            if name:
+                queue.append((name, depth + 1, [*path, producer]))
+    return None
+
+
+def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] | None:
+    """The MatMul that applies the probabilities to V, and the nodes passed on the way."""
+    queue: deque[tuple[str, int]] = deque([(softmax.outputs[0], 0)])
+    seen: set[str] = set()
+    passed: list[Node] = []
+    while queue:
+        tensor, depth = queue.popleft()
+        if tensor in seen or depth > MAX_SIDE_DEPTH:
+            continue
+        seen.add(tensor)
+        for consumer in index.consumers_of(tensor):
+            if consumer.op_type in ("MatMul", "FusedMatMul") and consumer.inputs[0] == tensor:
+                return consumer, passed
+            if consumer.op_type in PROBS_SIDE_OPS and consumer.outputs:
+                passed.append(consumer)
+                queue.append((consumer.outputs[0], depth + 1))
+    return None
+
+
+def _mask_operands(index: GraphIndex, score: Node, score_path: list[Node]) -> tuple[str, ...]:
+    """Tensors combined with the scores on their way to the Softmax (masks and biases)."""
+    on_path = {o for node in (score, *score_path) for o in node.outputs}
+    masks: list[str] = []
+    for node in score_path:
+        if node.op_type in ("Add", "Sub"):
+            masks.extend(name for name in node.inputs[:2] if name and name not in on_path)
+        elif node.op_type == "Where":
+            masks.append(node.inputs[0])
+    # Scalars on the path are scales and fill values, not masks.
+    kept = (m for m in masks if index.constant_value(m) is None or _is_mask_like(index, m))
+    return tuple(dict.fromkeys(kept))
+
+
+def _is_mask_like(index: GraphIndex, tensor: str) -> bool:
+    value = index.constant_value(tensor)
+    return value is not None and value.ndim >= 2
+
+
+def _kv_source(index: GraphIndex, tensor: str) -> str:
+    current = tensor
+    for _ in range(MAX_SIDE_DEPTH):
+        producer = index.producer_of(current)
+        if producer is None or producer.op_type not in KV_LAYOUT_OPS:
+            return current
+        current = producer.inputs[0]
+    return current
+
+
+def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
+    """How a causal mask among ``masks`` is built, if there is one."""
+    for mask in masks:
+        queue = deque([mask])
+        seen: set[str] = set()
+        while queue and len(seen) < MAX_MASK_NODES:
+            tensor = queue.popleft()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            value = index.constant_value(tensor)
+            if value is not None and _is_triangular(value):
+                return f"constant triangular mask {tensor}"
+            producer = index.producer_of(tensor)
+            if producer is None:
+                continue
+            if producer.op_type == "Trilu":
+                return f"Trilu node {producer.label}"
+            if producer.op_type in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual") and all(
+                _reaches_range(index, name) for name in producer.inputs[:2]
+            ):
+                return f"Range comparison node {producer.label}"
+            queue.extend(name for name in producer.inputs if name)
+    return None
+
+
+def _reaches_range(index: GraphIndex, tensor: str, depth: int = 8) -> bool:
+    current = [tensor]
+    for _ in range(depth):
+        nxt: list[str] = []
+        for name in current:
+            producer = index.producer_of(name)
+            if producer is None:
+                continue
+            if producer.op_type == "Range":
+                return True
+            nxt.extend(i for i in producer.inputs if i)
+        current = nxt[:16]
+    return False
+
+
+def _is_triangular(value: np.ndarray) -> bool:
+    if value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
+        return False
+    square = value.reshape(-1, value.shape[-2], value.shape[-1])[0]
+    upper = np.triu(square, 1)
+    lower = np.tril(square)
+    return bool(np.all(upper == upper.flat[1]) and not np.all(lower == upper.flat[1]))
+
+
+def _fused(index: GraphIndex, shapes: ShapeInference, node: Node) -> tuple[int, AttentionLayer]:
+    q_pos, k_pos, v_pos = FUSED_OPS[(node.domain, node.op_type)]
+    q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
+    q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))
+    causal = None
+    if node.attr("is_causal", 0) or node.attr("unidirectional", 0):
+        causal = f"is_causal attribute of {node.label}"
+    elif node.op_type == "GroupQueryAttention":
+        causal = f"{node.label} (GroupQueryAttention is always causal)"
+    layer = AttentionLayer(
+        name=node.label,
+        kind="fused",
+        q=q,
+        gathered_k=k,
+        gathered_v=v,
+        k=k,
+        v=v,
+        output=node.outputs[0],
+        nodes=(node.label,),
+        q_axis=None if q_rank is None or q_rank < 2 else q_rank - 2,
+        k_axis=None if k_rank is None or k_rank < 2 else k_rank - 2,
+        v_axis=None if v_rank is None or v_rank < 2 else v_rank - 2,
+        k_rank=k_rank,
+        v_rank=v_rank,
+        causal=causal,
+        op_type=f"{node.domain + '.' if node.domain else ''}{node.op_type}",
+        internal=(node.index,),
+    )
+    return node.index, layer

@@ -1,0 +1,292 @@
+"""Which tensors to scatter and gather: the CP frontier.
+
+Everything a rank computes on its slice of the sequence (the sharded region) is found by walking
+back from the attention layers' Q, K and V (and the query side of their masks) through
+position-wise ops. The walk stops where CP can no longer cut: at a graph input; at a tensor that
+is computed from shapes and constants alone (position ids, position tables, causal masks: these
+are computed whole on every rank and scattered); at an op that mixes positions. Those tensors
+are the inputs to scatter. A data tensor whose other consumers are outside the region moves
+forward to its consumers in the region, so that nothing outside sees a slice; a ``Shape`` of it
+that sizes the position tables or masks counts as such a consumer.
+
+Forward from the attention outputs, the region ends at graph outputs and before ops that mix
+positions (pooling, a classification head): the tensors to gather. Every walk visits each
+tensor once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from shardcheck.axes import AxisMapper
+from shardcheck.detect import AttentionLayer
+from shardcheck.graph import GraphIndex
+from shardcheck.shapes import ShapeInference
+
+SHAPE_OPS = frozenset(["Shape", "Size"])
+
+
+@dataclass(frozen=True)
+class CutTensor:
+    name: str
+    axis: int
+    rank: int | None
+
+
+@dataclass
+class Frontier:
+    inputs: list[CutTensor] = field(default_factory=list)
+    outputs: list[CutTensor] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def data_derived(index: GraphIndex) -> set[str]:
+    """Tensors whose values depend on the data of a graph input (not only on its shape)."""
+    derived = set(index.graph_inputs)
+    for node in index.nodes:
+        if node.op_type in SHAPE_OPS:
+            continue
+        if any(name in derived for name in node.inputs if name):
+            derived.update(name for name in node.outputs if name)
+    return derived
+
+
+MAX_ROUNDS = 12
+
+
+def find_frontier(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+) -> Frontier:
+    result = Frontier()
+    if not layers:
+        return result
+    first = layers[0]
+    q_shape = shapes.shape(first.q)
+    seq = q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+    mapper = AxisMapper(index, shapes, seq)
+    derived = data_derived(index)
+    seeds = list(_seeds(index, shapes, mapper, layers))
+
+    # Tensors that must be computed whole on every rank. A cut next to one of them moves to
+    # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
+    whole: set[str] = set()
+    conflicts: dict[str, str] = {}
+    layer_outputs = {layer.output: layer for layer in layers}
+    after_attention = _downstream(index, layer_outputs)
+    gathered, forward_nodes = _walk_forward(index, mapper, layers, result)
+    for _ in range(MAX_ROUNDS):
+        region, region_nodes, cut = _walk_back(
+            index, mapper, derived, seeds, whole, conflicts, layer_outputs, after_attention
+        )
+        inside = region_nodes | forward_nodes
+        needed = _must_be_whole(index, derived, region, inside, cut) - whole
+        if not needed:
+            break
+        whole |= needed
+    result.warnings.extend(conflicts.values())
+    result.inputs = _ordered(index, shapes, cut)
+    result.outputs = _ordered(index, shapes, gathered)
+    return result
+
+
+def _downstream(index: GraphIndex, tensors: Iterable[str]) -> set[str]:
+    """Every tensor computed from any of ``tensors``."""
+    found = set(tensors)
+    for node in index.nodes:
+        if any(name in found for name in node.inputs):
+            found.update(name for name in node.outputs if name)
+    return found
+
+
+def _seeds(
+    index: GraphIndex, shapes: ShapeInference, mapper: AxisMapper, layers: list[AttentionLayer]
+) -> Iterable[tuple[str, int]]:
+    for layer in layers:
+        for tensor, axis in (
+            (layer.q, layer.q_axis),
+            (layer.gathered_k, layer.k_axis),
+            (layer.gathered_v, layer.v_axis),
+        ):
+            if axis is not None:
+                yield tensor, axis
+        for mask in layer.masks:
+            mask_shape = shapes.shape(mask)
+            if mask_shape is None or len(mask_shape) < 2 or mask_shape[-2] == 1:
+                continue
+            # The mask broadcasts against the scores [..., query, key]. A causal mask differs
+            # from row to row: each rank needs its rows. A padding mask only broadcast along
+            # the query axis is computed locally as it stands.
+            axis = len(mask_shape) - 2
+            if layer.causal is not None or _axis_from_data(index, mapper, mask, axis):
+                yield mask, axis
+
+
+def _axis_from_data(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> bool:
+    """Whether an axis comes from a graph input's own axis (not from broadcasting)."""
+    queue = deque([(tensor, axis)])
+    seen: set[tuple[str, int]] = set()
+    while queue:
+        current = queue.popleft()
+        if current in seen:
+            continue
+        seen.add(current)
+        producer = index.producer_of(current[0])
+        if producer is None:
+            return current[0] in index.input_infos
+        mapped = mapper.input_axes(producer, current[1])
+        if mapped:
+            queue.extend(mapped)
+    return False
+
+
+def _walk_back(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    derived: set[str],
+    seeds: list[tuple[str, int]],
+    whole: set[str],
+    conflicts: dict[str, str],
+    layer_outputs: dict[str, AttentionLayer],
+    after_attention: set[str],
+) -> tuple[dict[str, int], set[int], dict[str, int]]:
+    region: dict[str, int] = {}
+    region_nodes: set[int] = set()
+    cut: dict[str, int] = {}
+    queue = deque(seeds)
+    while queue:
+        tensor, axis = queue.popleft()
+        if tensor in region:
+            continue
+        region[tensor] = axis
+        layer = layer_outputs.get(tensor)
+        if layer is not None:
+            # An earlier layer: its inside is sliced along the query axis and its Q, K, V
+            # and masks are seeds of their own.
+            region_nodes.update(layer.internal)
+            continue
+        producer = index.producer_of(tensor)
+        if (
+            producer is None
+            or producer.op_type == "Constant"
+            or tensor not in derived
+            or tensor in whole
+        ):
+            cut[tensor] = axis
+            continue
+        mapped = mapper.input_axes(producer, axis)
+        if mapped is None:
+            cut[tensor] = axis
+            continue
+        at_whole = [name for name, _ in mapped if name in whole]
+        if at_whole:
+            local = [name for name, _ in mapped if name in after_attention]
+            if local:
+                conflicts[tensor] = (
+                    f"no exact cut at {producer.label}: it combines {at_whole[0]}, which must be "
+                    f"computed whole (its length sizes values computed whole), with {local[0]}, "
+                    "which each rank holds a slice of; CP may not be exact"
+                )
+            cut[tensor] = axis
+            continue
+        region_nodes.add(producer.index)
+        queue.extend(mapped)
+    return region, region_nodes, cut
+
+
+def _must_be_whole(
+    index: GraphIndex,
+    derived: set[str],
+    region: dict[str, int],
+    region_nodes: set[int],
+    cut: dict[str, int],
+) -> set[str]:
+    """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
+    cuts that other nodes read outside the region: both must be computed whole."""
+    needed: set[str] = set()
+    for tensor in cut:
+        queue = deque([tensor])
+        seen: set[str] = set()
+        while queue:
+            current = queue.popleft()
+            if current in seen:
+                continue
+            seen.add(current)
+            producer = index.producer_of(current)
+            if producer is None or (current in region and current != tensor):
+                continue
+            if producer.op_type in SHAPE_OPS and producer.inputs[0] in region:
+                needed.add(producer.inputs[0])
+                continue
+            queue.extend(name for name in producer.inputs if name)
+    for tensor in cut:
+        if tensor not in derived:
+            continue
+        outside = [
+            c
+            for c in index.consumers_of(tensor)
+            if c.index not in region_nodes and c.op_type not in SHAPE_OPS
+        ]
+        if outside:
+            needed.add(tensor)
+    return needed
+
+
+def _walk_forward(
+    index: GraphIndex, mapper: AxisMapper, layers: list[AttentionLayer], result: Frontier
+) -> tuple[dict[str, int], set[int]]:
+    """The tensors to gather, and the position-wise nodes after the attention layers."""
+    barriers = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
+    outputs: dict[str, int] = {}
+    queue: deque[tuple[str, int]] = deque()
+    for layer in layers:
+        if layer.q_axis is not None:
+            rank = mapper.shapes.rank(layer.output)
+            if rank is not None:
+                queue.append((layer.output, rank - 2))
+    seen: set[str] = set()
+    nodes: set[int] = set()
+    graph_outputs = set(index.graph_outputs)
+    while queue:
+        tensor, axis = queue.popleft()
+        if tensor in seen or tensor in barriers:
+            continue
+        seen.add(tensor)
+        if tensor in graph_outputs:
+            outputs[tensor] = axis
+        mixing = []
+        for consumer in index.consumers_of(tensor):
+            if consumer.op_type in SHAPE_OPS:
+                continue
+            out_axis = mapper.output_axis(consumer, tensor, axis)
+            if out_axis is None:
+                mixing.append(consumer)
+            else:
+                nodes.add(consumer.index)
+                queue.append((consumer.outputs[0], out_axis))
+        users = [c for c in index.consumers_of(tensor) if c.op_type not in SHAPE_OPS]
+        if mixing and tensor not in graph_outputs:
+            outputs[tensor] = axis
+        if tensor in outputs and len(mixing) != len(users):
+            why = "a graph output" if tensor in graph_outputs else f"read by {mixing[0].label}"
+            result.warnings.append(
+                f"{tensor} is gathered ({why}) but also feeds position-wise ops, which would "
+                "then get the whole sequence; CP may not be exact"
+            )
+    return outputs, nodes
+
+
+def _ordered(index: GraphIndex, shapes: ShapeInference, tensors: dict[str, int]) -> list[CutTensor]:
+    order = {name: i for i, name in enumerate(index.graph_inputs)}
+    offset = len(order)
+    for i, name in enumerate(index.initializers):
+        order.setdefault(name, offset + i)
+    offset = len(order)
+    for node in index.nodes:
+        for name in node.outputs:
+            order.setdefault(name, offset + node.index)
+    return [
+        CutTensor(name, axis, shapes.rank(name))
+        for name, axis in sorted(tensors.items(), key=lambda item: (order.get(item[0], 0), item[0]))
+    ]
