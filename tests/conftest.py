@@ -9,6 +9,8 @@ from click.testing import CliRunner, Result
 
 from shardcheck.cli import cli
 
+pytest_plugins = ("pytester",)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 GOLDEN = ROOT / "golden"

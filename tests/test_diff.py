@@ -7,13 +7,27 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN, run_cli
+from conftest import run_cli
 
-from shardcheck.hints import ShardHints, ShardTensor, dumps, encode
-from shardcheck.hints_file import read_hints
+from shardcheck.hints import AttentionLayerHint, ShardHints, ShardTensor, dumps, encode
 
 # Two layers (q, q2), six inputs, two outputs: enough entries for order to matter.
-BASE = read_hints(GOLDEN / "multi_attention.json")
+BASE = ShardHints(
+    attention_layers=(
+        AttentionLayerHint("q", gather_kv=True, gather_q=False),
+        AttentionLayerHint("q2", gather_kv=True, gather_q=False),
+    ),
+    inputs=(
+        ShardTensor("q", 1, 3),
+        ShardTensor("k", 2, 3),
+        ShardTensor("v", 1, 3),
+        ShardTensor("q2", 0, None),
+        ShardTensor("k2", 0, None),
+        ShardTensor("v2", 0, None),
+    ),
+    outputs=(ShardTensor("out1", 1, 3), ShardTensor("out2", 0, None)),
+    kv_rank=3,
+)
 
 
 def write(path: Path, hints: ShardHints) -> Path:
@@ -65,7 +79,7 @@ def flat_document(hints: ShardHints) -> dict[str, object]:
     return document
 
 
-# In multi_attention, input k has seq_len_idx 2; output out1 is (seq_len_idx 1, rank 3).
+# In BASE, input k has seq_len_idx 2; output out1 is (seq_len_idx 1, rank 3).
 SINGLE_CHANGES = {
     "seq_len_idx": (
         with_input_axis(BASE, "k", 0),

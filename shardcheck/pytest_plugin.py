@@ -1,0 +1,317 @@
+"""pytest plugin (``pytest11`` entry point ``shardcheck``).
+
+- ``pytest --shardcheck`` turns the shardcheck manifest into test items, one per model and
+  check: ``<manifest>::<model>::gen`` (generate and compare with the golden) and
+  ``<model>::verify`` for entries with ``verify = true``; ``[stale goldens]`` when the manifest
+  has a golden-dir.
+- the ``shard_hints_regression`` fixture compares a model's hints with a golden named after the
+  test, in the manner of pytest-regressions.
+
+``--shardcheck-update`` rewrites goldens. shardcheck's modules are imported only when used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from shardcheck.hints import ShardHints
+    from shardcheck.manifest import Manifest, ModelEntry
+
+UPDATE_FLAG = "--shardcheck-update"
+STALE_ITEM_NAME = "[stale goldens]"
+
+
+@dataclass
+class _Settings:
+    update: bool
+    manifest_path: Path | None  # resolved; None unless --shardcheck
+    written: list[str] = field(default_factory=list)  # goldens written this session
+
+
+_SETTINGS = pytest.StashKey[_Settings]()
+
+
+class ShardcheckFailure(Exception):
+    """A check failed; the message is the whole report (no traceback is shown)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardcheck", "shardcheck golden gating")
+    group.addoption(
+        "--shardcheck",
+        action="store_true",
+        help="Check the models of the shardcheck manifest against their goldens "
+        "(items <manifest>::<model>::gen and ::verify).",
+    )
+    group.addoption(
+        "--shardcheck-manifest",
+        metavar="FILE",
+        default=None,
+        help="The manifest (default: shardcheck.toml in the rootdir if present, "
+        "else pyproject.toml).",
+    )
+    group.addoption(
+        UPDATE_FLAG,
+        action="store_true",
+        help="Rewrite goldens that differ or are missing "
+        "(manifest items and the shard_hints_regression fixture).",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    manifest = _manifest_path(config) if config.getoption("shardcheck") else None
+    config.stash[_SETTINGS] = _Settings(
+        update=bool(config.getoption("shardcheck_update")), manifest_path=manifest
+    )
+    # With the default selection (testpaths or the current directory) the manifest, often at
+    # the root, would not be walked: collect it as well. Explicit paths are respected.
+    if manifest is not None and config.args_source != pytest.Config.ArgsSource.ARGS:
+        if not any(_contains(Path(arg), manifest) for arg in config.args):
+            config.args = [*config.args, str(manifest)]
+
+
+def _manifest_path(config: pytest.Config) -> Path:
+    option = config.getoption("shardcheck_manifest")
+    if option:
+        path = config.invocation_params.dir / option
+        if not path.is_file():
+            raise pytest.UsageError(f"--shardcheck-manifest: {option}: no such file")
+        return path.resolve()
+    for name in ("shardcheck.toml", "pyproject.toml"):
+        path = config.rootpath / name
+        if path.is_file():
+            return path.resolve()
+    raise pytest.UsageError(
+        f"--shardcheck: no shardcheck.toml or pyproject.toml in the rootdir {config.rootpath} "
+        "(or pass --shardcheck-manifest FILE)"
+    )
+
+
+def _contains(directory_or_file: Path, target: Path) -> bool:
+    try:
+        return target.is_relative_to(directory_or_file.resolve())
+    except OSError:
+        return False
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    settings = parent.config.stash.get(_SETTINGS, None)
+    if settings is None or settings.manifest_path is None:
+        return None
+    if file_path.resolve() != settings.manifest_path:
+        return None
+    return ManifestFile.from_parent(parent, path=file_path)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is not None and settings.written:
+        terminalreporter.section("shardcheck")
+        for line in settings.written:
+            terminalreporter.write_line(line)
+
+
+def _settings(config: pytest.Config) -> _Settings:
+    return config.stash[_SETTINGS]
+
+
+def _one_line_error(excinfo: pytest.ExceptionInfo[BaseException]) -> str | None:
+    from shardcheck.errors import ShardcheckError
+
+    if isinstance(excinfo.value, ShardcheckFailure):
+        return str(excinfo.value)
+    if isinstance(excinfo.value, ShardcheckError):
+        return excinfo.value.message
+    return None
+
+
+class ManifestFile(pytest.File):
+    """The manifest file: one collector per model."""
+
+    def collect(self) -> Iterator[pytest.Item | pytest.Collector]:
+        from shardcheck.manifest import load_manifest
+
+        manifest = load_manifest(self.path)
+        for entry in manifest.models:
+            yield ModelCollector.from_parent(self, name=entry.name, entry=entry)
+        if manifest.golden_dir is not None:
+            yield StaleGoldensItem.from_parent(self, name=STALE_ITEM_NAME, manifest=manifest)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
+        message = _one_line_error(excinfo)
+        if message is None:
+            return super().repr_failure(excinfo)
+        # Name the manifest as the node id does, not by its absolute path.
+        return message.replace(str(self.path), self.nodeid, 1)
+
+
+class ModelCollector(pytest.Collector):
+    """One model of the manifest: its ``gen`` item, and ``verify`` if the entry asks for it."""
+
+    def __init__(self, *, entry: ModelEntry, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entry = entry
+
+    def collect(self) -> Iterator[pytest.Item]:
+        yield GenItem.from_parent(self, name="gen", entry=self.entry)
+        if self.entry.verify:
+            yield VerifyItem.from_parent(self, name="verify", entry=self.entry)
+
+
+class _ModelItem(pytest.Item):
+    def __init__(self, *, entry: ModelEntry, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entry = entry
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.entry.name}::{self.name}"
+
+    def repr_failure(  # type: ignore[override]
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> Any:
+        message = _one_line_error(excinfo)
+        return super().repr_failure(excinfo, style) if message is None else message
+
+
+class GenItem(_ModelItem):
+    """Generate the model's hints and compare them with its golden (rewrite with update)."""
+
+    def runtest(self) -> None:
+        from shardcheck.gate import CREATED, UPDATED, check_model
+
+        settings = _settings(self.config)
+        result = check_model(self.entry, update=settings.update)
+        if result.golden is not None and result.golden.status in (UPDATED, CREATED):
+            settings.written.append(f"{result.golden.status} {result.entry.golden_text}")
+        if not result.ok:
+            raise ShardcheckFailure("\n".join(result.lines(update_flag=UPDATE_FLAG)))
+
+
+class VerifyItem(_ModelItem):
+    """Verify the model's generated hints (``shardcheck.verify``)."""
+
+    def runtest(self) -> None:
+        from shardcheck.gate import verify_model
+
+        outcome = verify_model(self.entry)
+        if not outcome.ok:
+            raise ShardcheckFailure(outcome.text)
+
+
+class StaleGoldensItem(pytest.Item):
+    """Goldens in the manifest's golden-dir that no model claims."""
+
+    def __init__(self, *, manifest: Manifest, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.manifest = manifest
+
+    def runtest(self) -> None:
+        from shardcheck.gate import find_stale_goldens
+
+        stale = find_stale_goldens(self.manifest)
+        if stale:
+            shown = "\n".join(f"    {self.manifest.display(path)}" for path in stale)
+            raise ShardcheckFailure(
+                "goldens that no model in the manifest claims (delete them or list their "
+                f"models):\n{shown}"
+            )
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.name
+
+    def repr_failure(  # type: ignore[override]
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> Any:
+        message = _one_line_error(excinfo)
+        return super().repr_failure(excinfo, style) if message is None else message
+
+
+class ShardHintsRegression:
+    """``shard_hints_regression.check(model_path, **gen_options)`` against a golden file.
+
+    The golden is ``<test file dir>/<test file stem>/<test name>.json`` (or ``<basename>.json``).
+    A missing golden is written and the test fails with ``created: PATH``; a different one fails
+    with the semantic differences, and is rewritten with --shardcheck-update (still failing).
+    """
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+
+    def golden_path(self, basename: str | None = None) -> Path:
+        test_file = Path(self._request.path)
+        name = basename or re.sub(r"\W", "_", self._request.node.name)
+        return test_file.parent / test_file.stem / f"{name}.json"
+
+    def _shown(self, path: Path) -> str:
+        """``path`` relative to the rootdir, as pytest shows node ids."""
+        try:
+            return str(path.relative_to(self._request.config.rootpath))
+        except ValueError:
+            return str(path)
+
+    def check(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        basename: str | None = None,
+        **gen_options: Any,
+    ) -> ShardHints:
+        """The hints of ``model_path``; fails the test unless they equal the golden."""
+        __tracebackhide__ = True
+        from shardcheck.errors import ShardcheckError
+        from shardcheck.gate import (
+            CREATED,
+            DIFFERS,
+            INVALID,
+            UPDATED,
+            compare_with_golden,
+            count_text,
+        )
+        from shardcheck.generate import generate
+        from shardcheck.loader import load_index
+        from shardcheck.options import GenOptions
+
+        golden = self.golden_path(basename)
+        update = _settings(self._request.config).update or not golden.exists()
+        try:
+            options = GenOptions.from_mapping(gen_options, source="shard_hints_regression.check")
+            hints = generate(load_index(model_path), options).hints
+            comparison = compare_with_golden(hints, golden, update=update)
+        except ShardcheckError as exc:
+            pytest.fail(exc.message, pytrace=False)
+        lines = [f"    {difference.line()}" for difference in comparison.differences]
+        shown = self._shown(golden)
+        if comparison.status == CREATED:
+            pytest.fail(f"created: {shown} (rerun the test to compare against it)", pytrace=False)
+        if comparison.status == UPDATED:
+            pytest.fail("\n".join([f"updated: {shown}", *lines]), pytrace=False)
+        if comparison.status == DIFFERS:
+            count = count_text(comparison.differences)
+            pytest.fail(
+                "\n".join(
+                    [
+                        f"{shown}: the hints differ from the golden ({count}; "
+                        f"run with {UPDATE_FLAG} to accept them)",
+                        *lines,
+                    ]
+                ),
+                pytrace=False,
+            )
+        if comparison.status == INVALID:
+            pytest.fail(f"{comparison.problem} (rewrite it with {UPDATE_FLAG})", pytrace=False)
+        return hints
+
+
+@pytest.fixture
+def shard_hints_regression(request: pytest.FixtureRequest) -> ShardHintsRegression:
+    """Compare a model's hints with a golden named after the test (see ShardHintsRegression)."""
+    return ShardHintsRegression(request)
