@@ -32,6 +32,7 @@ ERROR = "error"
 FAILED = "failed"  # the hints match the golden but verify found errors
 STALE = "stale"
 PASSING = (OK, UPDATED, CREATED)
+_WROTE = (UPDATED, CREATED)
 STATUS_WIDTH = 9
 INDENT = "    "
 
@@ -91,7 +92,7 @@ class ModelResult:
         details = [difference.line() for difference in self.golden.differences]
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
             details.extend(self.verify.text.splitlines())
-        return [headline, *(f"{INDENT}{line}" for line in details)]
+        return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]
 
     def _verify_notes(self) -> list[str]:
         if self.verify is None:
@@ -153,9 +154,6 @@ class CheckResult:
             "models": [result.to_json() for result in self.models],
             "stale": [self.manifest.display(path) for path in self.stale],
         }
-
-
-_WROTE = (UPDATED, CREATED)
 
 
 def run_check(manifest: Manifest, *, update: bool = False, verify: bool = False) -> CheckResult:

@@ -105,9 +105,8 @@ def _contains(directory_or_file: Path, target: Path) -> bool:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     settings = parent.config.stash.get(_SETTINGS, None)
-    if settings is None or settings.manifest_path is None:
-        return None
-    if file_path.resolve() != settings.manifest_path:
+    manifest = None if settings is None else settings.manifest_path
+    if manifest is None or file_path.name != manifest.name or file_path.resolve() != manifest:
         return None
     return ManifestFile.from_parent(parent, path=file_path)
 

@@ -48,7 +48,7 @@ def make_project(directory: Path, models: tuple[str, ...] = MODELS) -> Path:
         os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
         lines += [
             "[[tool.shardcheck.models]]",
-            f'path = "{model}"',
+            f'path = "fixtures/{name}.onnx"',
             f'golden = "golden/{name}.json"',
         ]
     manifest = directory / "shardcheck.toml"
@@ -355,3 +355,26 @@ def test_sigkill_during_update_leaves_every_golden_old_or_new(tmp_path: Path) ->
     finished = start_update(manifest)
     assert finished.wait(timeout=60) == 0
     assert all(golden.read_text() == new[golden] for golden in new)
+
+
+def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> None:
+    verify_module = pytest.importorskip("shardcheck.verify")
+    manifest = make_project(tmp_path, ("attention_head",))
+    # Polygraphy's compat mode writes k_seq_len_idx 0; this head's K has the sequence on axis 2.
+    compat = GenOptions(compat="polygraphy")
+    model = tmp_path / "fixtures" / "attention_head.onnx"
+    hints = generate(load_index(model), compat).hints
+    (tmp_path / "golden" / "attention_head.json").write_text(dumps(hints))
+    manifest.write_text(manifest.read_text() + 'gen = { compat = "polygraphy" }\nverify = true\n')
+    report = verify_module.verify(str(model), hints)
+    assert not report.ok
+
+    result = run_cli("check", "--manifest", manifest, "--verify")
+
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == "FAILED   attention_head (verify failed)"
+    assert lines[1:] == [
+        f"    {line}" if line else "" for line in report.render_text().splitlines()
+    ]
+    assert result.stderr == ""
