@@ -42,11 +42,11 @@ def check(
     """
     result = run_check(load_manifest(manifest or find_manifest()), update=update, verify=verify)
     document = json.dumps(result.to_json(), indent=2) + "\n"
-    if report:
-        atomic_write_text(report, document)
     if output_format == "json":
         click.echo(document, nl=False)
     else:
         for line in result.lines():
             click.echo(line)
+    if report:
+        atomic_write_text(report, document)
     return 0 if result.ok else 1
