@@ -1,0 +1,94 @@
+"""``shardcheck verify``: check hints against their model with onnxruntime."""
+
+from __future__ import annotations
+
+import click
+
+from shardcheck.verify import DEFAULT_SEQ_LENS, verify
+
+
+def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected integers separated by commas, got {value!r}") from None
+
+
+def _dims(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        if not sep or not name or not number.strip().isdigit():
+            raise click.BadParameter(f"expected NAME=VALUE with a positive integer, got {value!r}")
+        dims[name] = int(number)
+    return dims
+
+
+@click.command(name="verify")
+@click.argument("model", type=click.Path())
+@click.argument("hints", type=click.Path())
+@click.option(
+    "--seq-lens",
+    default=",".join(map(str, DEFAULT_SEQ_LENS)),
+    show_default=True,
+    callback=_int_list,
+    help="Sequence lengths to run at (two or more).",
+)
+@click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    callback=_dims,
+    metavar="NAME=VALUE",
+    help="Value of another symbolic dim (repeatable); batch-like dims default to 1.",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Also simulate CP on this many ranks and compare with one device.",
+)
+@click.option("--rtol", type=float, default=1e-4, show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds each onnxruntime run may take.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+)
+def verify_command(
+    model: str,
+    hints: str,
+    seq_lens: tuple[int, ...],
+    dims: dict[str, int],
+    ranks: int | None,
+    rtol: float,
+    atol: float,
+    timeout: float | None,
+    seed: int,
+    output_format: str,
+) -> int:
+    """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding."""
+    report = verify(
+        model,
+        hints,
+        seq_lens=seq_lens,
+        dims=dims,
+        ranks=ranks,
+        rtol=rtol,
+        atol=atol,
+        timeout=timeout,
+        seed=seed,
+        progress=lambda message: click.echo(f"shardcheck: {message}", err=True),
+    )
+    text = report.render_json() if output_format == "json" else report.render_text()
+    click.echo(text, nl=False)
+    return 0 if report.ok else 1
