@@ -93,12 +93,13 @@ def cli(debug: bool) -> None:
 
 
 def _register() -> None:
-    from shardcheck.cli import check, diff, fmt, gen
+    from shardcheck.cli import check, diff, fmt, gen, shard
 
     cli.add_command(gen.gen)
     cli.add_command(diff.diff)
     cli.add_command(fmt.fmt)
     cli.add_command(check.check)
+    cli.add_command(shard.shard)
 
 
 _register()

@@ -1,0 +1,31 @@
+"""``shardcheck shard``: write the CP multi-device model of a model and its hints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from shardcheck.errors import InputError
+from shardcheck.hints_file import read_hints
+from shardcheck.loader import load_index
+from shardcheck.shard import save_sharded_model, shard_model
+
+
+@click.command()
+@click.argument("model", type=click.Path())
+@click.argument("hints", type=click.Path())
+@click.option("-o", "--output", required=True, help="The multi-device ONNX model to write.")
+def shard(model: str, hints: str, output: str) -> int:
+    """Write the multi-device model of MODEL for the CP hints HINTS, as Polygraphy's
+    'multi-device shard' does: DistCollective reduce-scatters after the hinted inputs,
+    all-gathers of K and V (Q with gather_q) and of the hinted outputs.
+
+    External weight files stay where they are when OUTPUT is next to MODEL; otherwise they
+    are linked (or copied) next to OUTPUT."""
+    if Path(output).exists() and Path(output).resolve() == Path(model).resolve():
+        raise InputError(f"{output}: is the input model; write the sharded model elsewhere")
+    index = load_index(model)
+    sharded = shard_model(index, read_hints(hints), hints_source=hints)
+    save_sharded_model(sharded.model, source=model, output=output)
+    return 0

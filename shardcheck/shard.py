@@ -1,0 +1,388 @@
+"""The multi-device model for context parallelism, as Polygraphy 0.53.6's ``multi-device shard``.
+
+For native CP, in this order:
+
+1. every hinted input (any tensor of the model) gets a ``reduce_scatter`` ``DistCollective``
+   and all its consumers read the scattered tensor;
+2. every hinted attention layer (found by its Q, after step 1) all-gathers Q when ``gather_q``,
+   K (the score MatMul's second input, ``k_seq_len_idx``) and V (the context MatMul's second
+   input, ``v_seq_len_idx``) when ``gather_kv``; a tensor is gathered once;
+3. unless a layer gathers Q (or gathers K/V that are its Q), every hinted output is all-gathered;
+   a graph output that is gathered is replaced by the gathered tensor.
+
+A collective on an axis other than 0 is wrapped in two Transposes that swap that axis with 0
+(NCCL collectives work on axis 0). Layers are the ones shardcheck detects, not only Polygraphy's
+two patterns. Unlike Polygraphy, the nodes come out topologically sorted, a K or V shared by two
+layers is gathered once, an unknown tensor or an unmatched Q is an error, and a gathered graph
+output keeps its declared type and shape.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from shardcheck.errors import InputError, OutputError
+from shardcheck.fsio import atomic_write_bytes
+from shardcheck.graph import GraphIndex
+from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
+from shardcheck.shapes import ShapeInference
+
+COLLECTIVE_OP = "DistCollective"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+# Slot of the tensors that exist before the first node: graph inputs and initializers.
+BEFORE_FIRST_NODE = -1
+
+
+@dataclass(frozen=True)
+class ChainTail:
+    """A tensor the shard created that stands for a tensor of the original model."""
+
+    source: str  # the original tensor it stands for
+    operation: str  # REDUCE_SCATTER or ALL_GATHER
+    collective_node: str  # name of the DistCollective node that made it
+    axis: int  # the sequence axis the collective works on (through the Transposes)
+
+
+@dataclass(frozen=True)
+class ShardedModel:
+    """The multi-device model and what its new tensors stand for."""
+
+    model: onnx.ModelProto
+    tails: dict[str, ChainTail] = field(default_factory=dict)
+    # Original graph output -> the graph output of the sharded model that replaces it.
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.AttributeProto]:
+    """The attributes Polygraphy writes on a DistCollective, in its order."""
+    reduce_op = dist.reduce_op if operation == REDUCE_SCATTER else "none"
+    return [
+        helper.make_attribute("group_size", dist.group_size),
+        helper.make_attribute("root", dist.root),
+        helper.make_attribute("nb_rank", dist.nb_rank),
+        helper.make_attribute("reduce_op", reduce_op),
+        helper.make_attribute("collective_operation", operation),
+        helper.make_attribute("groups", list(dist.groups), attr_type=onnx.AttributeProto.INTS),
+    ]
+
+
+def _layers_by_q(index: GraphIndex) -> dict[str, tuple[str, str]]:
+    """Q -> (gathered K, gathered V) of every attention layer shardcheck detects.
+
+    Uses ``shardcheck.detect`` when it is there, else Polygraphy's pattern 0. Where two layers
+    share a Q, the first one (in graph order) is kept.
+    """
+    try:
+        from shardcheck.detect import detect_attention
+    except ImportError:
+        from shardcheck.patterns.polygraphy import match_all
+
+        return {m.q: (m.matmul1.inputs[1], m.matmul2.inputs[1]) for m in match_all(index, 0)}
+    layers: dict[str, tuple[str, str]] = {}
+    for layer in detect_attention(index):
+        layers.setdefault(layer.q, (layer.gathered_k, layer.gathered_v))
+    return layers
+
+
+class _Rewriter:
+    """Inserts chains of nodes after a tensor and moves every consumer to the chain's tail."""
+
+    def __init__(self, index: GraphIndex, hints: ShardHints, hints_source: str) -> None:
+        self.index = index
+        self.hints = hints
+        self.hints_source = hints_source
+        self.nodes = [_copy(node.proto) for node in index.nodes]
+        self.inserted: dict[int, list[onnx.NodeProto]] = {}
+        self.slot: dict[str, int] = dict.fromkeys(index.input_infos, BEFORE_FIRST_NODE)
+        self.slot.update(dict.fromkeys(index.initializers, BEFORE_FIRST_NODE))
+        self.slot.update(index.producer)
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for proto in self.nodes:
+            self._add_uses(proto)
+        self.graph_outputs = list(index.graph_outputs)
+        self.tensor_names = set(index.all_tensor_names())
+        self.node_names = {node.name for node in index.nodes}
+        # Original tensor -> the tensor its consumers read now.
+        self.current: dict[str, str] = {}
+        self.tails: dict[str, ChainTail] = {}
+        self.new_value_infos: list[onnx.ValueInfoProto] = []
+        self._shapes: ShapeInference | None = None
+
+    # ----------------------------------------------------------------- chains
+
+    def collective(
+        self, source: str, operation: str, axis: int, rank: int | None, what: str
+    ) -> None:
+        """Scatter or gather ``source`` (as its consumers now read it) along ``axis``."""
+        head = self.current.get(source, source)
+        perm = None if axis == 0 else self._swap(source, axis, rank, what)
+        name = f"{source}/{operation}"
+        tensor = head
+        if perm is not None:
+            tensor = self._extend(tensor, f"{name}/axis{axis}_to_0", source, perm=perm)
+        on_axis0 = name if perm is None else f"{name}/on_axis0"
+        tensor = self._extend(tensor, on_axis0, source, operation=operation)
+        collective_node = self.inserted[self.slot[tensor]][-1].name
+        if perm is not None:
+            tensor = self._extend(tensor, name, source, perm=perm)
+        self.current[source] = tensor
+        self.tails[tensor] = ChainTail(source, operation, collective_node, axis)
+
+    def _extend(
+        self,
+        head: str,
+        wanted_name: str,
+        source: str,
+        *,
+        operation: str | None = None,
+        perm: list[int] | None = None,
+    ) -> str:
+        """Insert a collective (``operation``) or a Transpose (``perm``) after ``head``."""
+        tail = _unique(wanted_name, self.tensor_names)
+        node_name = _unique(tail, self.node_names)
+        if operation is not None:
+            node = helper.make_node(COLLECTIVE_OP, [head], [tail], name=node_name)
+            node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
+        else:
+            node = helper.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
+        for consumer, position in self.consumers.pop(head, []):
+            consumer.input[position] = tail
+            self.consumers.setdefault(tail, []).append((consumer, position))
+        self._add_uses(node)
+        slot = self.slot[head]
+        self.inserted.setdefault(slot, []).append(node)
+        self.slot[tail] = slot
+        self.graph_outputs = [tail if name == head else name for name in self.graph_outputs]
+        elem_type = self.index.elem_type(source)
+        if elem_type:
+            self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
+        return tail
+
+    def _swap(self, source: str, axis: int, rank: int | None, what: str) -> list[int]:
+        rank = rank or self._rank(source)
+        if rank is None:
+            raise InputError(
+                f"{self.hints_source}: {what}: seq_len_idx {axis} needs the rank of {source!r}, "
+                "but the model declares no shape for it and the hint gives no rank"
+            )
+        if axis >= rank:
+            raise InputError(
+                f"{self.hints_source}: {what}: seq_len_idx {axis} is out of range for "
+                f"{source!r} of rank {rank}"
+            )
+        perm = list(range(rank))
+        perm[0], perm[axis] = axis, 0
+        return perm
+
+    def _rank(self, tensor: str) -> int | None:
+        rank = self.index.rank(tensor)
+        if rank is not None:
+            return rank
+        if self._shapes is None:
+            self._shapes = ShapeInference(self.index)
+        return self._shapes.rank(tensor)
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    def _add_uses(self, proto: onnx.NodeProto) -> None:
+        for position, name in enumerate(proto.input):
+            if name:
+                self.consumers.setdefault(name, []).append((proto, position))
+
+    def sorted_nodes(self) -> list[onnx.NodeProto]:
+        ordered = list(self.inserted.get(BEFORE_FIRST_NODE, []))
+        for position, proto in enumerate(self.nodes):
+            ordered.append(proto)
+            ordered.extend(self.inserted.get(position, []))
+        return ordered
+
+
+def _unique(wanted: str, used: set[str]) -> str:
+    name, counter = wanted, 1
+    while name in used:
+        counter += 1
+        name = f"{wanted}_{counter}"
+    used.add(name)
+    return name
+
+
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(proto)
+    return copy
+
+
+def shard_model(
+    index: GraphIndex,
+    hints: ShardHints,
+    layers: dict[str, tuple[str, str]] | None = None,
+    *,
+    hints_source: str = "<hints>",
+) -> ShardedModel:
+    """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
+
+    ``layers`` maps each attention layer's Q to its gathered K and V (default: detection).
+    """
+    if hints.parallelism != "CP":
+        raise InputError(
+            f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "
+            "parallelism (CP) models only"
+        )
+    for position, layer in enumerate(hints.attention_layers):
+        if layer.replace is not None:
+            raise InputError(
+                f"{hints_source}: attention_layers[{position}] (q {layer.q!r}): fused "
+                "replacement (cp-type fused) is not supported yet; use native CP hints "
+                "(replace: null)"
+            )
+    _check_tensors(index, hints, hints_source)
+    layers = _layers_by_q(index) if layers is None else layers
+    rewriter = _Rewriter(index, hints, hints_source)
+
+    for position, tensor in enumerate(hints.inputs):
+        rewriter.collective(
+            tensor.name, REDUCE_SCATTER, tensor.seq_len_idx, tensor.rank, f"inputs[{position}]"
+        )
+    q_is_gathered = False
+    gathered: set[str] = set()
+    for position, layer in enumerate(hints.attention_layers):
+        if layer.q not in layers:
+            raise InputError(
+                f"{hints_source}: attention_layers[{position}]: q {layer.q!r} is not the Q of "
+                "any attention layer of the model"
+            )
+        k, v = layers[layer.q]
+        for tensor, axis, rank, wanted, what in _layer_gathers(hints, layer, k, v):
+            if wanted and tensor not in gathered:
+                gathered.add(tensor)
+                rewriter.collective(
+                    tensor, ALL_GATHER, axis, rank, f"attention_layers[{position}] {what}"
+                )
+        q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
+    if not q_is_gathered:
+        for position, tensor in enumerate(hints.outputs):
+            rewriter.collective(
+                tensor.name, ALL_GATHER, tensor.seq_len_idx, tensor.rank, f"outputs[{position}]"
+            )
+    return ShardedModel(
+        model=_build_model(index, rewriter),
+        tails=dict(rewriter.tails),
+        outputs=dict(zip(index.graph_outputs, rewriter.graph_outputs, strict=True)),
+    )
+
+
+def _layer_gathers(
+    hints: ShardHints, layer: AttentionLayerHint, k: str, v: str
+) -> Iterable[tuple[str, int, int | None, bool, str]]:
+    # Q is gathered on axis 0, without Transposes, as Polygraphy does.
+    yield layer.q, 0, None, layer.gather_q, "Q"
+    yield k, hints.k_seq_len_idx, hints.kv_rank, layer.gather_kv, "K"
+    yield v, hints.v_seq_len_idx, hints.kv_rank, layer.gather_kv, "V"
+
+
+def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> None:
+    for key, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
+        for position, tensor in enumerate(tensors):
+            if not index.has_tensor(tensor.name):
+                raise InputError(
+                    f"{hints_source}: {key}[{position}]: tensor {tensor.name!r} is not in the "
+                    f"model {index.source}"
+                )
+
+
+def _build_model(index: GraphIndex, rewriter: _Rewriter) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.CopyFrom(index.model)
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(rewriter.sorted_nodes())
+    original_outputs = {info.name: info for info in graph.output}
+    del graph.output[:]
+    for original, name in zip(index.graph_outputs, rewriter.graph_outputs, strict=True):
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(original_outputs[original])
+        info.name = name
+        tail = rewriter.tails.get(name)
+        if tail is not None and tail.operation != ALL_GATHER:
+            # Only a gathered output has the declared (full) shape.
+            info.type.tensor_type.ClearField("shape")
+        graph.output.append(info)
+    moved = [o for o, n in zip(index.graph_outputs, rewriter.graph_outputs, strict=True) if o != n]
+    # A graph output that became an inner tensor keeps its declaration, as value_info.
+    graph.value_info.extend(original_outputs[name] for name in moved)
+    graph.value_info.extend(
+        info for info in rewriter.new_value_infos if info.name not in rewriter.graph_outputs
+    )
+    return model
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def save_sharded_model(
+    model: onnx.ModelProto, *, source: str | os.PathLike[str], output: str | os.PathLike[str]
+) -> list[Path]:
+    """Write ``model`` to ``output``; its external weight files stay usable.
+
+    The model keeps the external-data locations of ``source`` (relative to the model file).
+    When ``output`` is in another directory, each weight file is copied there (not hard-linked:
+    onnx refuses weight files with several links); an identical file already there is reused,
+    a different one is an error, never overwritten. Returns the weight files copied.
+    """
+    source_dir = Path(source).resolve().parent
+    output_path = Path(output)
+    output_dir = (output_path.parent if str(output_path.parent) else Path(".")).resolve()
+    copied: list[Path] = []
+    if output_dir != source_dir:
+        for location in sorted(external_locations(model)):
+            if _place_weight_file(source_dir / location, output_dir / location):
+                copied.append(output_dir / location)
+    atomic_write_bytes(output_path, model.SerializeToString())
+    return copied
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The files that hold the model's external tensors (locations relative to the model)."""
+    locations: set[str] = set()
+    tensors = list(model.graph.initializer)
+    tensors.extend(
+        attribute.t
+        for node in model.graph.node
+        for attribute in node.attribute
+        if attribute.HasField("t")
+    )
+    for tensor in tensors:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.update(e.value for e in tensor.external_data if e.key == "location")
+    return locations
+
+
+def _place_weight_file(source: Path, target: Path) -> bool:
+    """Copy ``source`` to ``target``; False when an identical file is already there."""
+    if not source.is_file():
+        raise InputError(f"{source}: external weight file of the model is missing")
+    if target.exists():
+        if filecmp.cmp(source, target, shallow=False):
+            return False
+        raise OutputError(
+            f"{target}: a different file is already there; the sharded model needs a copy of "
+            f"{source} at that place (write the model to another directory)"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.tmp")
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+    return True
