@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
 from shardcheck.detect import AttentionLayer
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import GraphIndex, Node
 from shardcheck.shapes import ShapeInference
 
 SHAPE_OPS = frozenset(["Shape", "Size"])
@@ -76,19 +76,88 @@ def find_frontier(
     layer_outputs = {layer.output: layer for layer in layers}
     after_attention = _downstream(index, layer_outputs)
     gathered, forward_nodes = _walk_forward(index, mapper, layers, result)
+    sources = _ShapeSources(index, derived)
     for _ in range(MAX_ROUNDS):
+        conflicts.clear()  # only the last round's conflicts stand
         region, region_nodes, cut = _walk_back(
             index, mapper, derived, seeds, whole, conflicts, layer_outputs, after_attention
         )
         inside = region_nodes | forward_nodes
-        needed = _must_be_whole(index, derived, region, inside, cut) - whole
+        needed = _must_be_whole(index, derived, region, inside, cut)
+        needed |= _sized_whole(index, mapper, sources, region, region_nodes)
+        needed -= whole
         if not needed:
             break
         whole |= needed
     result.warnings.extend(conflicts.values())
     result.inputs = _ordered(index, shapes, cut)
+    # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
+    # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
+    # the gathered tensor.
+    gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
     result.outputs = _ordered(index, shapes, gathered)
     return result
+
+
+class _ShapeSources:
+    """For a shape-like tensor (computed from shapes and constants), the tensors whose Shape
+    it is computed from. Memoised, so the whole analysis stays linear."""
+
+    def __init__(self, index: GraphIndex, derived: set[str]) -> None:
+        self.index = index
+        self.derived = derived
+        self.memo: dict[str, frozenset[str]] = {}
+
+    def of(self, tensor: str) -> frozenset[str]:
+        if tensor in self.memo:
+            return self.memo[tensor]
+        self.memo[tensor] = frozenset()  # guards against cycles in malformed graphs
+        producer = self.index.producer_of(tensor)
+        found: set[str] = set()
+        if producer is not None:
+            if producer.op_type in SHAPE_OPS:
+                found.add(producer.inputs[0])
+            else:
+                for name in producer.inputs:
+                    if name and name not in self.derived:
+                        found |= self.of(name)
+        self.memo[tensor] = frozenset(found)
+        return self.memo[tensor]
+
+
+def _sized_whole(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    sources: _ShapeSources,
+    region: dict[str, int],
+    region_nodes: set[int],
+) -> set[str]:
+    """Outputs of region nodes sized by the Shape of a whole tensor (an Expand, Reshape or
+    Slice whose target is computed from a tensor no rank slices): such an output has the whole
+    length, so the cut has to be at it, not before."""
+    stops: set[str] = set()
+    for node_index in region_nodes:
+        node = index.nodes[node_index]
+        output = node.outputs[0]
+        mapped = mapper.input_axes(node, region.get(output, 0)) or []
+        followed = {name for name, _ in mapped}
+        for name in node.inputs:
+            if not name or name in followed or name in sources.derived:
+                continue
+            if any(source not in region for source in sources.of(name)):
+                stops.add(output)
+                break
+    return stops
+
+
+def _sized_by_whole(node: Node, sources: _ShapeSources, local: set[str]) -> bool:
+    """Whether a shape-like input of ``node`` comes from the Shape of a tensor not in
+    ``local`` (one that every rank holds whole)."""
+    for name in node.inputs:
+        if name and name not in sources.derived:
+            if any(source not in local for source in sources.of(name)):
+                return True
+    return False
 
 
 def _downstream(index: GraphIndex, tensors: Iterable[str]) -> set[str]:
@@ -181,7 +250,7 @@ def _walk_back(
             continue
         at_whole = [name for name, _ in mapped if name in whole]
         if at_whole:
-            local = [name for name, _ in mapped if name in after_attention]
+            local = [name for name, _ in mapped if name not in whole and name in after_attention]
             if local:
                 conflicts[tensor] = (
                     f"no exact cut at {producer.label}: it combines {at_whole[0]}, which must be "
@@ -221,8 +290,6 @@ def _must_be_whole(
                 continue
             queue.extend(name for name in producer.inputs if name)
     for tensor in cut:
-        if tensor not in derived:
-            continue
         outside = [
             c
             for c in index.consumers_of(tensor)
@@ -234,7 +301,12 @@ def _must_be_whole(
 
 
 def _walk_forward(
-    index: GraphIndex, mapper: AxisMapper, layers: list[AttentionLayer], result: Frontier
+    index: GraphIndex,
+    mapper: AxisMapper,
+    layers: list[AttentionLayer],
+    result: Frontier,
+    sources: _ShapeSources | None = None,
+    region: set[str] | None = None,
 ) -> tuple[dict[str, int], set[int]]:
     """The tensors to gather, and the position-wise nodes after the attention layers."""
     barriers = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
@@ -260,6 +332,9 @@ def _walk_forward(
             if consumer.op_type in SHAPE_OPS:
                 continue
             out_axis = mapper.output_axis(consumer, tensor, axis)
+            if out_axis is not None and sources is not None and region is not None:
+                if _sized_by_whole(consumer, sources, region | seen):
+                    out_axis = None
             if out_axis is None:
                 mixing.append(consumer)
             else:
