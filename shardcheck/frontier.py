@@ -72,16 +72,11 @@ def find_frontier(
     # Tensors that must be computed whole on every rank. A cut next to one of them moves to
     # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
     whole: set[str] = set()
-    conflicts: dict[str, str] = {}
     layer_outputs = {layer.output: layer for layer in layers}
-    after_attention = _downstream(index, layer_outputs)
     gathered, forward_nodes = _walk_forward(index, mapper, layers, result)
     sources = _ShapeSources(index, derived)
     for _ in range(MAX_ROUNDS):
-        conflicts.clear()  # only the last round's conflicts stand
-        region, region_nodes, cut = _walk_back(
-            index, mapper, derived, seeds, whole, conflicts, layer_outputs, after_attention
-        )
+        region, region_nodes, cut = _walk_back(index, mapper, derived, seeds, whole, layer_outputs)
         inside = region_nodes | forward_nodes
         needed = _must_be_whole(index, derived, region, inside, cut)
         needed |= _sized_whole(index, mapper, sources, region, region_nodes)
@@ -89,14 +84,43 @@ def find_frontier(
         if not needed:
             break
         whole |= needed
-    result.warnings.extend(conflicts.values())
     result.inputs = _ordered(index, shapes, cut)
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
     gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
     result.outputs = _ordered(index, shapes, gathered)
+    _check_cuts(index, layers, cut, gathered, result)
     return result
+
+
+def _check_cuts(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    cut: dict[str, int],
+    gathered: dict[str, int],
+    result: Frontier,
+) -> None:
+    """Follow what each rank holds in slices, from the scattered tensors to the gathered ones;
+    a scattered tensor computed from a slice means no cut makes CP exact there."""
+    whole_when_read = set(gathered)
+    for layer in layers:
+        whole_when_read |= {layer.gathered_k, layer.gathered_v}
+    sliced = set(cut)
+    for node in index.nodes:
+        if node.op_type in SHAPE_OPS:
+            continue
+        reads = [name for name in node.inputs if name in sliced and name not in whole_when_read]
+        if not reads:
+            continue
+        for output in node.outputs:
+            if output in cut:
+                result.warnings.append(
+                    f"no exact cut at {output}: it is scattered, but {node.label} computes it "
+                    f"from {reads[0]}, which each rank holds a slice of; CP may not be exact"
+                )
+            elif output:
+                sliced.add(output)
 
 
 class _ShapeSources:
@@ -160,15 +184,6 @@ def _sized_by_whole(node: Node, sources: _ShapeSources, local: set[str]) -> bool
     return False
 
 
-def _downstream(index: GraphIndex, tensors: Iterable[str]) -> set[str]:
-    """Every tensor computed from any of ``tensors``."""
-    found = set(tensors)
-    for node in index.nodes:
-        if any(name in found for name in node.inputs):
-            found.update(name for name in node.outputs if name)
-    return found
-
-
 def _seeds(
     index: GraphIndex, shapes: ShapeInference, mapper: AxisMapper, layers: list[AttentionLayer]
 ) -> Iterable[tuple[str, int]]:
@@ -216,9 +231,7 @@ def _walk_back(
     derived: set[str],
     seeds: list[tuple[str, int]],
     whole: set[str],
-    conflicts: dict[str, str],
     layer_outputs: dict[str, AttentionLayer],
-    after_attention: set[str],
 ) -> tuple[dict[str, int], set[int], dict[str, int]]:
     region: dict[str, int] = {}
     region_nodes: set[int] = set()
@@ -248,15 +261,7 @@ def _walk_back(
         if mapped is None:
             cut[tensor] = axis
             continue
-        at_whole = [name for name, _ in mapped if name in whole]
-        if at_whole:
-            local = [name for name, _ in mapped if name not in whole and name in after_attention]
-            if local:
-                conflicts[tensor] = (
-                    f"no exact cut at {producer.label}: it combines {at_whole[0]}, which must be "
-                    f"computed whole (its length sizes values computed whole), with {local[0]}, "
-                    "which each rank holds a slice of; CP may not be exact"
-                )
+        if any(name in whole for name, _ in mapped):
             cut[tensor] = axis
             continue
         region_nodes.add(producer.index)
