@@ -114,7 +114,8 @@ def diff_hints(
 ) -> list[Difference]:
     """The differences from ``golden`` to ``candidate``: added, then removed, then changed."""
     old, new = canonical(golden), canonical(candidate)
-    tree = DeepDiff(old, new, verbose_level=2).tree
+    # threshold_to_diff_deeper=0: a renamed only entry is "removed + added", never "changed".
+    tree = DeepDiff(old, new, verbose_level=2, threshold_to_diff_deeper=0).tree
     found: dict[tuple[str, str], Difference] = {}
     for report_type in tree:
         for item in tree[report_type]:

@@ -251,3 +251,23 @@ def test_ignoring_every_difference_exits_0(tmp_path: Path) -> None:
     )
 
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_renaming_the_only_entry_is_removed_plus_added(tmp_path: Path) -> None:
+    golden = write(tmp_path / "g.json", ShardHints(outputs=(ShardTensor("out1", 1, 3),)))
+    candidate = write(tmp_path / "c.json", ShardHints(outputs=(ShardTensor("hidden", 1, 3),)))
+    result = run_cli("diff", golden, candidate)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        'outputs[name=hidden]: added {"rank": 3, "seq_len_idx": 1}',
+        'outputs[name=out1]: removed (was {"rank": 3, "seq_len_idx": 1})',
+    ]
+
+
+def test_emptying_a_collection_names_each_removed_entry(tmp_path: Path) -> None:
+    golden = write(tmp_path / "g.json", BASE.with_changes(outputs=()))
+    candidate = write(tmp_path / "c.json", BASE.with_changes(outputs=(), inputs=()))
+    result = run_cli("diff", golden, candidate)
+    assert result.exit_code == 1
+    assert len(result.stdout.splitlines()) == 6
+    assert all(": removed (was " in line for line in result.stdout.splitlines())
