@@ -93,13 +93,14 @@ def cli(debug: bool) -> None:
 
 
 def _register() -> None:
-    from shardcheck.cli import check, diff, fmt, gen, shard
+    from shardcheck.cli import check, diff, fmt, gen, shard, simulate
 
     cli.add_command(gen.gen)
     cli.add_command(diff.diff)
     cli.add_command(fmt.fmt)
     cli.add_command(check.check)
     cli.add_command(shard.shard)
+    cli.add_command(simulate.simulate_command)
 
 
 _register()

@@ -1,0 +1,417 @@
+"""N simulated ranks of a multi-device model, in one process, on the CPU.
+
+The model is cut into stages at its ``DistCollective`` nodes: a node's stage is the number of
+collectives on its longest path from the graph inputs. A stage is one onnxruntime session,
+built once and run for every rank, or once for all ranks when all its inputs are the same on
+every rank (the replicated graph inputs, an all-gathered tensor). Between stages the
+collectives run in numpy, with the meaning of their attributes:
+
+- ``reduce_scatter``: ``reduce_op`` (sum, prod, min, max, avg) across the ranks' copies, then
+  the result is split along axis 0 into N equal chunks, chunk r to rank r;
+- ``all_gather``: the ranks' tensors concatenated along axis 0, on every rank;
+- ``all_reduce``: the sum across ranks, on every rank.
+
+Collectives always span all ranks; other ``groups`` or ``group_size`` are refused. ``root`` and
+``nb_rank`` do not change what these three collectives compute.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from shardcheck.errors import InputError
+from shardcheck.feeds import make_session
+from shardcheck.shard import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
+
+ALL_REDUCE = "all_reduce"
+REDUCERS = {
+    "sum": lambda stacked: stacked.sum(axis=0),
+    "prod": lambda stacked: stacked.prod(axis=0),
+    "min": lambda stacked: stacked.min(axis=0),
+    "max": lambda stacked: stacked.max(axis=0),
+    "avg": lambda stacked: stacked.mean(axis=0),
+}
+_ORT_NODE_NAME = re.compile(r"Name:'([^']+)'")
+_ORT_STATUS = re.compile(r"Status Message: (.*)$")
+# onnxruntime prefixes its messages with a source location and a C++ signature.
+_ORT_SOURCE_PREFIX = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ (?:[^()]*\([^()]*\) )?")
+
+
+class RankFailure(Exception):
+    """A rank could not compute ``node`` (onnxruntime failed, or a collective cannot split)."""
+
+    def __init__(self, rank: int, node: str | None, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.node = node
+        self.message = message
+
+
+@dataclass
+class _Stage:
+    level: int
+    nodes: list[onnx.NodeProto]
+    inputs: list[str]
+    outputs: list[str]  # what later stages, collectives or the graph outputs read
+    produced: list[str]  # every tensor the stage makes (the diagnostic outputs)
+    sessions: dict[tuple[frozenset[str], bool], Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Collective:
+    node: onnx.NodeProto
+    operation: str
+    reduce_op: str
+
+
+class RankValues:
+    """The tensors of every rank; a replicated tensor is one array shared by all ranks."""
+
+    def __init__(self, ranks: int, feeds: Mapping[str, np.ndarray]) -> None:
+        self.per_rank: list[dict[str, np.ndarray]] = [dict(feeds) for _ in range(ranks)]
+        self.replicated: set[str] = set(feeds)
+        self.failure: RankFailure | None = None
+
+    def feeds_for(self, stage: _Stage, rank: int) -> dict[str, np.ndarray]:
+        return {name: self.per_rank[rank][name] for name in stage.inputs}
+
+    def set_replicated(self, result: Mapping[str, np.ndarray]) -> None:
+        for values in self.per_rank:
+            values.update(result)
+        self.replicated.update(result)
+
+    def set_rank(self, rank: int, result: Mapping[str, np.ndarray]) -> None:
+        self.per_rank[rank].update(result)
+        self.replicated.difference_update(result)
+
+
+class RankSimulator:
+    """Runs a sharded model on ``ranks`` simulated ranks; sessions are built once per stage.
+
+    ``weights`` is the single-device model with its weights loaded: stages take their
+    initializers, opsets and functions from it.
+    """
+
+    def __init__(self, sharded: ShardedModel, weights: onnx.ModelProto, ranks: int) -> None:
+        self.sharded = sharded
+        self.ranks = ranks
+        self.template = weights
+        self.weights = {tensor.name: tensor for tensor in weights.graph.initializer}
+        graph = sharded.model.graph
+        self.nodes = _toposorted(graph)
+        self.producers = {name: node for node in self.nodes for name in node.output}
+        # DistCollective node -> the tensor that ends its chain (after the Transpose back).
+        self.tail_of_collective = {
+            tail.collective_node: name for name, tail in sharded.tails.items()
+        }
+        self.steps = self._plan({i.name for i in graph.input}, [o.name for o in graph.output])
+        self._check_groups()
+        self.session_runs = 0
+
+    @property
+    def stage_count(self) -> int:
+        return sum(1 for step in self.steps if isinstance(step, _Stage))
+
+    def made_by(self, tensor: str) -> tuple[str, str]:
+        """The node that made ``tensor`` (for a gathered or scattered tensor: its collective)."""
+        tail = self.sharded.tails.get(tensor)
+        if tail is not None:
+            return tail.collective_node, COLLECTIVE_OP
+        node = self.producers.get(tensor)
+        return (node.name, node.op_type) if node is not None else ("<graph input>", "")
+
+    # ----------------------------------------------------------------- planning
+
+    def _plan(self, graph_inputs: set[str], graph_outputs: list[str]) -> list[_Stage | _Collective]:
+        level = dict.fromkeys(set(self.weights) | graph_inputs, 0)
+        node_levels: list[int] = []
+        for node in self.nodes:
+            at = max((level.get(name, 0) for name in _node_inputs(node) if name), default=0)
+            node_levels.append(at)
+            for name in node.output:
+                level[name] = at + 1 if _is_collective(node) else at
+        read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
+        for node, at in zip(self.nodes, node_levels, strict=True):
+            # A collective reads its input after the stage of its level has run.
+            reader = at + 0.5 if _is_collective(node) else at
+            for name in _node_inputs(node):
+                read_at[name] = max(read_at.get(name, -1.0), reader)
+
+        steps: list[_Stage | _Collective] = []
+        for at in range(max(node_levels, default=0) + 1):
+            here = [n for n, lv in zip(self.nodes, node_levels, strict=True) if lv == at]
+            members = [node for node in here if not _is_collective(node)]
+            if members:
+                steps.append(self._stage(at, members, read_at))
+            steps.extend(_collective(node) for node in here if _is_collective(node))
+        return steps
+
+    def _stage(self, at: int, nodes: list[onnx.NodeProto], read_at: dict[str, float]) -> _Stage:
+        produced = [name for node in nodes for name in node.output if name]
+        made = set(produced)
+        inputs: dict[str, None] = {}
+        for node in nodes:
+            for name in _node_inputs(node):
+                if name and name not in made and name not in self.weights:
+                    inputs.setdefault(name)
+        outputs = [name for name in produced if read_at.get(name, -1.0) > at]
+        return _Stage(at, nodes, list(inputs), outputs, produced)
+
+    def _check_groups(self) -> None:
+        for step in self.steps:
+            if not isinstance(step, _Collective):
+                continue
+            attributes = _attributes(step.node)
+            groups = list(attributes.get("groups", []))
+            group_size = int(attributes.get("group_size", 0))
+            if (groups and groups != list(range(self.ranks))) or group_size not in (0, self.ranks):
+                raise InputError(
+                    f"node {step.node.name!r}: groups {groups}, group_size {group_size}: the "
+                    f"simulator runs collectives over all {self.ranks} ranks only"
+                )
+
+    # ----------------------------------------------------------------- running
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, diagnostic: bool = False) -> RankValues:
+        """Every rank's tensors. Normally only what later steps read is kept and a failure is
+        raised; in diagnostic mode every tensor is kept, and the first failure is recorded in
+        the result with what could still be computed."""
+        values = RankValues(self.ranks, feeds)
+        for step in self.steps:
+            try:
+                if isinstance(step, _Collective):
+                    self._run_collective(step, values)
+                else:
+                    self._run_stage(step, values, diagnostic)
+            except RankFailure as failure:
+                if not diagnostic:
+                    raise
+                values.failure = failure
+                break
+        return values
+
+    def _run_stage(self, stage: _Stage, values: RankValues, diagnostic: bool) -> None:
+        if all(name in values.replicated for name in stage.inputs):
+            result, failure = self._run_on_rank(stage, values.feeds_for(stage, 0), 0, diagnostic)
+            values.set_replicated(result)
+        else:
+            failure = None
+            for rank in range(self.ranks):
+                feeds = values.feeds_for(stage, rank)
+                result, rank_failure = self._run_on_rank(stage, feeds, rank, diagnostic)
+                values.set_rank(rank, result)
+                failure = failure or rank_failure
+        if failure is not None:
+            raise failure
+
+    def _run_on_rank(
+        self, stage: _Stage, feeds: dict[str, np.ndarray], rank: int, diagnostic: bool
+    ) -> tuple[dict[str, np.ndarray], RankFailure | None]:
+        """Run a stage for one rank. In diagnostic mode a failing node and everything that
+        depends on it are cut off and the rest runs again."""
+        if not diagnostic:
+            return self._session_run(stage, frozenset(), False, feeds, rank), None
+        removed: frozenset[str] = frozenset()
+        first: RankFailure | None = None
+        while True:
+            try:
+                return self._session_run(stage, removed, True, feeds, rank), first
+            except RankFailure as failure:
+                first = first or failure
+                if failure.node is None or failure.node in removed:
+                    return {}, first
+                removed = removed | _downstream(stage.nodes, failure.node)
+
+    def _session_run(
+        self,
+        stage: _Stage,
+        removed: frozenset[str],
+        diagnostic: bool,
+        feeds: dict[str, np.ndarray],
+        rank: int,
+    ) -> dict[str, np.ndarray]:
+        wanted = stage.produced if diagnostic else stage.outputs
+        cut = {name for node in stage.nodes if node.name in removed for name in node.output}
+        outputs = [name for name in wanted if name not in cut]
+        try:
+            session = stage.sessions.get((removed, diagnostic))
+            if session is None:
+                session = make_session(self._stage_model(stage, removed, feeds, outputs))
+                stage.sessions[(removed, diagnostic)] = session
+            self.session_runs += 1
+            values = session.run(outputs, feeds)
+        except ort_errors() as error:
+            message = " ".join(str(error).split())
+            node = _ORT_NODE_NAME.search(message)
+            raise RankFailure(
+                rank, node.group(1) if node else None, f"onnxruntime: {_short(message)}"
+            ) from None
+        return dict(zip(outputs, values, strict=True))
+
+    def _stage_model(
+        self,
+        stage: _Stage,
+        removed: frozenset[str],
+        feeds: Mapping[str, np.ndarray],
+        outputs: list[str],
+    ) -> onnx.ModelProto:
+        nodes = [node for node in stage.nodes if node.name not in removed]
+        used = {name for node in nodes for name in _node_inputs(node)}
+        inputs = [
+            helper.make_tensor_value_info(
+                name,
+                helper.np_dtype_to_tensor_dtype(feeds[name].dtype),
+                [None] * feeds[name].ndim,
+            )
+            for name in stage.inputs
+        ]
+        graph = helper.make_graph(
+            nodes,
+            f"stage_{stage.level}",
+            inputs,
+            [untyped_output(name) for name in outputs],
+            [self.weights[name] for name in sorted(used & set(self.weights))],
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=list(self.template.opset_import),
+            ir_version=self.template.ir_version,
+        )
+        model.functions.extend(self.template.functions)
+        return model
+
+    def _run_collective(self, step: _Collective, values: RankValues) -> None:
+        source, target = step.node.input[0], step.node.output[0]
+        if not all(source in rank_values for rank_values in values.per_rank):
+            raise RankFailure(0, step.node.name, f"no value of {source!r} on every rank")
+        pieces = [rank_values[source] for rank_values in values.per_rank]
+        if pieces[0].ndim == 0:
+            raise RankFailure(0, step.node.name, f"{step.operation} of a scalar (no axis 0)")
+        if step.operation == ALL_GATHER:
+            values.set_replicated({target: np.concatenate(pieces, axis=0)})
+        elif step.operation == ALL_REDUCE:
+            values.set_replicated({target: np.stack(pieces).sum(axis=0).astype(pieces[0].dtype)})
+        else:
+            reduced = REDUCERS[step.reduce_op](np.stack(pieces)).astype(pieces[0].dtype)
+            if reduced.shape[0] % self.ranks:
+                tail = self.tail_of_collective.get(step.node.name)
+                axis = self.sharded.tails[tail].axis if tail is not None else 0
+                raise RankFailure(
+                    0,
+                    step.node.name,
+                    f"the reduce-scatter axis ({axis}) has length {reduced.shape[0]}, which does "
+                    f"not divide by {self.ranks} ranks",
+                )
+            for rank, chunk in enumerate(np.split(reduced, self.ranks, axis=0)):
+                values.set_rank(rank, {target: chunk})
+
+
+# --------------------------------------------------------------------------- graph helpers
+
+
+def _is_collective(node: onnx.NodeProto) -> bool:
+    return node.op_type == COLLECTIVE_OP and node.domain in ("", "ai.onnx")
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+
+
+def _collective(node: onnx.NodeProto) -> _Collective:
+    attributes = _attributes(node)
+    operation = str(attributes.get("collective_operation", ""))
+    reduce_op = str(attributes.get("reduce_op", "none"))
+    where = f"node {node.name!r}"
+    if operation not in (REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE):
+        raise InputError(f"{where}: collective_operation {operation!r} cannot be simulated")
+    if operation == REDUCE_SCATTER and reduce_op not in REDUCERS:
+        raise InputError(f"{where}: reduce_op {reduce_op!r} cannot be simulated")
+    if len(node.input) != 1 or len(node.output) != 1:
+        raise InputError(f"{where}: a DistCollective has one input and one output")
+    return _Collective(node, operation, reduce_op)
+
+
+def _node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs of a node, with the outer tensors its subgraphs (If, Loop, Scan) read."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        subgraphs = [attribute.g] if attribute.HasField("g") else []
+        for graph in (*subgraphs, *attribute.graphs):
+            local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            for inner in graph.node:
+                names.extend(n for n in _node_inputs(inner) if n and n not in local)
+                local.update(inner.output)
+    return names
+
+
+def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Copies of the nodes in a topological order (the graph's own where it is one); unnamed
+    nodes get a name, so that onnxruntime's errors can point at them."""
+    nodes: list[onnx.NodeProto] = []
+    for position, proto in enumerate(graph.node):
+        node = onnx.NodeProto()
+        node.CopyFrom(proto)
+        if not node.name:
+            node.name = f"<unnamed {node.op_type} #{position}>"
+        nodes.append(node)
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    order: list[onnx.NodeProto] = []
+    placed: set[int] = set()
+    visiting: set[int] = set()
+    for start in range(len(nodes)):
+        stack = [(start, False)]
+        while stack:
+            position, inputs_placed = stack.pop()
+            if inputs_placed:
+                placed.add(position)
+                order.append(nodes[position])
+                continue
+            if position in placed or position in visiting:
+                continue
+            visiting.add(position)
+            stack.append((position, True))
+            for name in reversed(_node_inputs(nodes[position])):
+                before = producer.get(name)
+                if before is not None and before not in placed:
+                    stack.append((before, False))
+    return order
+
+
+def _downstream(nodes: list[onnx.NodeProto], start: str) -> frozenset[str]:
+    """The names of ``start`` and of every node of ``nodes`` that depends on it."""
+    removed = {start}
+    tainted: set[str] = set()
+    for node in nodes:
+        if node.name in removed or any(name in tainted for name in _node_inputs(node)):
+            removed.add(node.name)
+            tainted.update(node.output)
+    return frozenset(removed)
+
+
+def untyped_output(name: str) -> onnx.ValueInfoProto:
+    """A graph output without type; onnxruntime infers it."""
+    info = onnx.ValueInfoProto()
+    info.name = name
+    return info
+
+
+def ort_errors() -> tuple[type[BaseException], ...]:
+    """The exception types onnxruntime raises for a model it cannot load or run."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "RuntimeException", "InvalidGraph", "NotImplemented")
+    return tuple(getattr(state, name) for name in names if hasattr(state, name))
+
+
+def _short(message: str) -> str:
+    status = _ORT_STATUS.search(message)
+    text = status.group(1) if status else message
+    return _ORT_SOURCE_PREFIX.sub("", text)

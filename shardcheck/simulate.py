@@ -1,0 +1,355 @@
+"""Check shard hints by running the sharded model on N simulated ranks (``simulate``).
+
+The model is sharded with the hints (``shard.shard_model``), run on N ranks on the CPU
+(``ranks.RankSimulator``: one onnxruntime session per stage, collectives in numpy) and every
+rank's outputs are compared with the single-device run on the same seeded inputs. On the happy
+path that is the single-device inference plus one pass of every stage per rank, and nothing
+else.
+
+On a mismatch (or when a rank cannot run), a diagnostic pass runs both models again with every
+inner tensor as an output and names the first tensor, in topological order, where a rank's
+value differs from its slice of the single-device tensor, and the node that made it. The slice
+axis is the one axis where the rank's shape is the single-device shape divided by N; a tensor
+that the shard created stands for the tensor it scatters or gathers. Tensors that only hold
+shapes (``Shape`` and the integer arithmetic on it) hold the local length on a rank, by design,
+and are not compared.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_model
+
+from shardcheck.errors import InputError
+from shardcheck.feeds import make_feeds, resolve_dims, run_model
+from shardcheck.graph import GraphIndex
+from shardcheck.hints import ShardHints
+from shardcheck.hints_file import read_hints
+from shardcheck.loader import load_index
+from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
+from shardcheck.shard import external_locations, shard_model
+
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+# The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
+SHAPE_ARITHMETIC = frozenset(
+    "Gather Slice Concat Unsqueeze Squeeze Cast Reshape Identity Add Sub Mul Div Mod Neg Abs "
+    "Max Min Floor Ceil Sqrt Equal Less Greater LessOrEqual GreaterOrEqual Not And Or Where "
+    "ReduceProd".split()
+)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where a rank first differs from the single-device run."""
+
+    tensor: str  # tensor of the sharded model
+    original: str  # the single-device tensor it stands for
+    node: str  # the node that made it
+    op_type: str
+    rank: int
+    max_abs_error: float | None  # None when no value could be compared
+    detail: str
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    ok: bool
+    ranks: int
+    seq_len: int
+    dims: dict[str, int]
+    outputs: tuple[str, ...]
+    rtol: float
+    atol: float
+    stages: int
+    session_runs: int  # onnxruntime runs, the single-device ones included
+    max_abs_error: float = 0.0  # over the outputs that were compared
+    mismatch: Mismatch | None = field(default=None)
+
+    def summary(self) -> str:
+        dims = ", ".join(f"{name}={value}" for name, value in self.dims.items()) or "none"
+        setting = (
+            f"{self.ranks} simulated ranks, {self.stages} stages, dims {dims}, "
+            f"rtol {self.rtol:g}, atol {self.atol:g}"
+        )
+        if self.mismatch is None:
+            return (
+                f"match: every rank's outputs ({', '.join(self.outputs)}) equal the "
+                f"single-device run (max abs error {self.max_abs_error:.3g}); {setting}."
+            )
+        m = self.mismatch
+        stands_for = "" if m.tensor == m.original else f" (stands for {m.original!r})"
+        error = "" if m.max_abs_error is None else f", max abs error {m.max_abs_error:.3g}"
+        return (
+            f"mismatch: first difference on rank {m.rank} at tensor {m.tensor!r}{stands_for}, "
+            f"made by node {m.node!r} ({m.op_type}): {m.detail}{error}; {setting}."
+        )
+
+
+def simulate(
+    model_path: str | os.PathLike[str],
+    hints: ShardHints | str | os.PathLike[str],
+    *,
+    ranks: int,
+    seq_len: int,
+    dims: Mapping[str, int] | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    seed: int = 0,
+) -> SimulationResult:
+    """Shard ``model_path`` with ``hints``, run it on ``ranks`` simulated ranks and compare
+    every rank's outputs with the single-device run on the same seeded inputs."""
+    if ranks < 1:
+        raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+    if seq_len < 1 or seq_len % ranks:
+        raise InputError(
+            f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "
+            f"{ranks} ranks, so that every rank holds as many positions"
+        )
+    index = load_index(model_path)
+    if not isinstance(hints, ShardHints):
+        hints_source, hints = str(hints), read_hints(hints)
+    else:
+        hints_source = "<hints>"
+    sharded = shard_model(index, hints, hints_source=hints_source)
+    resolved = resolve_dims(index, hints, seq_len, dims or {})
+    feeds = make_feeds(index, resolved, seed)
+    model = _with_weights(index, Path(model_path))
+    reference = _run_single_device(model, feeds, index.source, resolved)
+    simulator = RankSimulator(sharded, model, ranks)
+
+    worst = 0.0
+    try:
+        values = simulator.run(feeds)
+    except RankFailure as failure:
+        first: Mismatch | None = _failure_mismatch(simulator, failure)
+    else:
+        worst, first = _compare_outputs(simulator, values, reference, rtol, atol)
+    single_device_runs = 1
+    if first is not None:
+        first = _diagnose(simulator, model, feeds, rtol, atol) or first
+        single_device_runs = 2
+    return SimulationResult(
+        ok=first is None,
+        ranks=ranks,
+        seq_len=seq_len,
+        dims=resolved,
+        outputs=tuple(index.graph_outputs),
+        rtol=rtol,
+        atol=atol,
+        stages=simulator.stage_count,
+        session_runs=simulator.session_runs + single_device_runs,
+        max_abs_error=worst,
+        mismatch=first,
+    )
+
+
+def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
+    if not external_locations(index.model):
+        return index.model
+    model = onnx.ModelProto()
+    model.CopyFrom(index.model)
+    try:
+        load_external_data_for_model(model, str(path.resolve().parent))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read its external weights: {exc}") from None
+    return model
+
+
+def _run_single_device(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], source: str, dims: Mapping[str, int]
+) -> dict[str, np.ndarray]:
+    try:
+        return run_model(model, feeds)
+    except ort_errors() as error:
+        chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
+        raise InputError(
+            f"{source}: the single-device model does not run with dims {chosen}: "
+            f"{' '.join(str(error).split())}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def _compare_outputs(
+    simulator: RankSimulator,
+    values: RankValues,
+    reference: Mapping[str, np.ndarray],
+    rtol: float,
+    atol: float,
+) -> tuple[float, Mismatch | None]:
+    """The largest difference over the outputs of every rank, and the first one that differs."""
+    worst = 0.0
+    for original, name in simulator.sharded.outputs.items():
+        full = reference[original]
+        node, op_type = simulator.made_by(name)
+        for rank, rank_values in enumerate(values.per_rank):
+            local = rank_values[name]
+            if local.shape != full.shape:
+                detail = (
+                    f"the graph output has shape {list(local.shape)} on the rank but "
+                    f"{list(full.shape)} on a single device"
+                )
+                return worst, Mismatch(name, original, node, op_type, rank, None, detail)
+            error = max_abs_error(local, full, rtol, atol)
+            if error is not None:
+                detail = "the graph output differs from the single-device output"
+                return worst, Mismatch(name, original, node, op_type, rank, error, detail)
+            worst = max(worst, largest_difference(local, full))
+    return worst, None
+
+
+def compare_to_slice(
+    local: np.ndarray, full: np.ndarray, rank: int, ranks: int, rtol: float, atol: float
+) -> tuple[str, float | None] | None:
+    """None when ``local`` equals ``full``, or its ``rank``-th slice along the one axis where
+    the shapes differ by a factor ``ranks``; else what is wrong and the max abs error."""
+    if local.shape == full.shape:
+        expected, against = full, "the single-device tensor"
+    elif local.ndim != full.ndim:
+        return (
+            f"its shape {list(local.shape)} has another rank than the single-device shape "
+            f"{list(full.shape)}",
+            None,
+        )
+    else:
+        differing = [a for a in range(local.ndim) if local.shape[a] != full.shape[a]]
+        if len(differing) != 1 or full.shape[differing[0]] != local.shape[differing[0]] * ranks:
+            return (
+                f"its shape {list(local.shape)} is neither the single-device shape "
+                f"{list(full.shape)} nor a 1/{ranks} slice of it along one axis",
+                None,
+            )
+        axis, length = differing[0], local.shape[differing[0]]
+        expected = np.take(full, np.arange(rank * length, (rank + 1) * length), axis=axis)
+        against = f"its slice of the single-device tensor along axis {axis}"
+    error = max_abs_error(local, expected, rtol, atol)
+    return None if error is None else (f"its value differs from {against}", error)
+
+
+def max_abs_error(
+    actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float
+) -> float | None:
+    """None when the arrays match (floats within tolerance, NaN equal to NaN, others exactly);
+    else the largest absolute difference among the elements that do not match."""
+    if np.issubdtype(expected.dtype, np.floating):
+        close = np.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        close = actual == expected
+    if np.all(close):
+        return None
+    difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))[~close]
+    return float(np.nan_to_num(difference, nan=np.inf).max())
+
+
+def largest_difference(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The largest absolute difference between two arrays of equal shape (equal infinities
+    and NaNs count as no difference)."""
+    if actual.size == 0 or not np.issubdtype(expected.dtype, np.number):
+        return 0.0
+    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+    difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))[~same]
+    return float(difference.max()) if difference.size else 0.0
+
+
+# --------------------------------------------------------------------------- diagnosing
+
+
+def _diagnose(
+    simulator: RankSimulator,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    rtol: float,
+    atol: float,
+) -> Mismatch | None:
+    """The first tensor, in topological order, where a rank differs from its slice of the
+    single-device tensor, or the first node a rank cannot compute."""
+    sources = {tail.source for tail in simulator.sharded.tails.values()}
+    single = _all_single_device_values(model, feeds, sources)
+    ranks = simulator.run(feeds, diagnostic=True)
+    ndim = {name: value.ndim for name, value in single.items()}
+    shape_only = shape_only_tensors(simulator.nodes, set(simulator.weights), ndim)
+    for node in simulator.nodes:
+        if ranks.failure is not None and node.name == ranks.failure.node:
+            return _failure_mismatch(simulator, ranks.failure)
+        for name in node.output:
+            tail = simulator.sharded.tails.get(name)
+            original = tail.source if tail is not None else name
+            if name in shape_only or original not in single:
+                continue
+            for rank, values in enumerate(ranks.per_rank):
+                if name not in values:
+                    continue
+                problem = compare_to_slice(
+                    values[name], single[original], rank, len(ranks.per_rank), rtol, atol
+                )
+                if problem is not None:
+                    made_by, op_type = simulator.made_by(name)
+                    return Mismatch(name, original, made_by, op_type, rank, problem[1], problem[0])
+    return None if ranks.failure is None else _failure_mismatch(simulator, ranks.failure)
+
+
+def _failure_mismatch(simulator: RankSimulator, failure: RankFailure) -> Mismatch:
+    node = next((n for n in simulator.nodes if n.name == failure.node), None)
+    if node is None:
+        return Mismatch(
+            "", "", failure.node or "<unknown node>", "", failure.rank, None, failure.message
+        )
+    if node.name in simulator.tail_of_collective:
+        tensor = simulator.tail_of_collective[node.name]
+        original = simulator.sharded.tails[tensor].source
+    else:
+        tensor = original = node.output[0] if node.output else ""
+    return Mismatch(tensor, original, node.name, node.op_type, failure.rank, None, failure.message)
+
+
+def _all_single_device_values(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], sources: set[str]
+) -> dict[str, np.ndarray]:
+    """Every tensor of the single-device run, with the initializers that the hints name."""
+    inner = onnx.ModelProto()
+    inner.CopyFrom(model)
+    declared = {output.name for output in inner.graph.output}
+    names = [name for node in inner.graph.node for name in node.output if name]
+    inner.graph.output.extend(untyped_output(name) for name in names if name not in declared)
+    values = run_model(inner, feeds)
+    values.update(feeds)
+    values.update(
+        {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in sources}
+    )
+    return values
+
+
+def shape_only_tensors(
+    nodes: Iterable[onnx.NodeProto], constants: set[str], ndim: Mapping[str, int]
+) -> set[str]:
+    """Tensors that only hold shapes: Shape/Size outputs and the integer arithmetic on them
+    and on constants. ``constants`` grows by the tensors computed from constants only;
+    ``ndim`` gives each tensor's rank in the single-device run."""
+    shape_only: set[str] = set()
+    for node in nodes:
+        inputs = [name for name in node.input if name]
+        from_shapes = any(name in shape_only for name in inputs) and all(
+            name in shape_only or name in constants for name in inputs
+        )
+        if node.op_type == "Constant" or (inputs and all(name in constants for name in inputs)):
+            constants.update(node.output)
+        elif node.op_type in SHAPE_SOURCES:
+            shape_only.update(node.output)
+        elif from_shapes and (
+            (
+                node.op_type in SHAPE_ARITHMETIC
+                and (node.op_type != "Gather" or inputs[0] in shape_only)
+            )
+            # TorchScript's Expand arguments: ConstantOfShape(Shape(shape)), a vector.
+            or (node.op_type == "ConstantOfShape" and ndim.get(node.output[0], 2) <= 1)
+        ):
+            shape_only.update(node.output)
+    return shape_only

@@ -1,0 +1,410 @@
+"""The CP simulator: N ranks in one process, compared with the single-device run.
+
+Right hints must match at 2 and 4 ranks; wrong hints must fail and name the first tensor that
+differs (never a false pass). Hints are written by hand from fixtures/real/TRUTH.json, or come
+from ``shardcheck gen`` where that is the point of the test.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES, GOLDEN, run_cli
+from onnx import TensorProto, helper
+
+from shardcheck import load_index, read_hints
+from shardcheck.errors import InputError
+from shardcheck.feeds import make_feeds, resolve_dims
+from shardcheck.generate import generate
+from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor, dumps
+from shardcheck.options import GenOptions
+from shardcheck.ranks import REDUCERS, RankSimulator
+from shardcheck.shard import shard_model
+from shardcheck.simulate import SimulationResult, simulate
+
+REAL = FIXTURES / "real"
+
+
+@cache
+def truth() -> dict:
+    return json.loads((REAL / "TRUTH.json").read_text())
+
+
+def truth_hints(name: str) -> ShardHints:
+    """Graph-input hints as TRUTH.json records the model: every sequence input scattered, the
+    outputs gathered, K and V gathered on their sequence axes."""
+    model = truth()[name]
+    first = model["attention_nodes"][0]
+    return ShardHints(
+        attention_layers=tuple(
+            AttentionLayerHint(q=layer["q_tensor"], gather_kv=True, gather_q=False)
+            for layer in model["attention_nodes"]
+        ),
+        inputs=tuple(ShardTensor(n, i) for n, i in model["inputs"].items() if i is not None),
+        outputs=tuple(ShardTensor(n, i) for n, i in model["outputs"].items()),
+        k_seq_len_idx=first["k_seq_axis"],
+        v_seq_len_idx=first["v_seq_axis"],
+        kv_rank=first["k_rank"],
+    )
+
+
+def sdpa_hints(**changes: object) -> ShardHints:
+    # K enters the score MatMul transposed ([B, H, D, S]): its sequence axis is 3.
+    hints = truth_hints("ts_sdpa")
+    assert (hints.k_seq_len_idx, hints.v_seq_len_idx) == (3, 2)
+    return hints.with_changes(**changes)
+
+
+def assert_match(result: SimulationResult) -> None:
+    assert result.ok, result.summary()
+    assert result.mismatch is None
+    assert result.summary().startswith("match: ")
+
+
+def assert_culprit(
+    result: SimulationResult, tensor: str, node: str, rank: int | None = None
+) -> None:
+    assert not result.ok, result.summary()
+    assert result.mismatch is not None
+    assert (result.mismatch.tensor, result.mismatch.node) == (tensor, node), result.summary()
+    if rank is not None:
+        assert result.mismatch.rank == rank
+    summary = result.summary()
+    assert summary.startswith(f"mismatch: first difference on rank {result.mismatch.rank} ")
+    assert repr(tensor) in summary and repr(node) in summary and "\n" not in summary
+
+
+# --------------------------------------------------------------------------- right hints
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", ["ts_sdpa", "dynamo_sdpa", "dynamo_sdpa_opset23"])
+def test_right_hints_match_without_positions(name: str, ranks: int) -> None:
+    assert_match(simulate(REAL / f"{name}.onnx", truth_hints(name), ranks=ranks, seq_len=8))
+
+
+def test_right_hints_match_at_batch_2_and_length_16() -> None:
+    result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=4, seq_len=16, dims={"batch": 2})
+    assert_match(result)
+    assert result.dims == {"batch": 2, "sequence": 16}
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize(
+    "name", ["attention", "attention_head", "sdpa_scaled_attention", "scaled_masked_attention"]
+)
+def test_golden_hints_of_the_fixtures_match(name: str, ranks: int) -> None:
+    result = simulate(FIXTURES / f"{name}.onnx", GOLDEN / f"{name}.json", ranks=ranks, seq_len=8)
+    assert_match(result)
+
+
+# The CP frontier of the decoders, placed by hand: the hidden states after the embeddings (the
+# positions are added on the full sequence), the causal mask after its Expand (the last node
+# that reads the full length), cos/sin of the rotary positions; GPT-2's output is gathered
+# before its final Reshape, whose target shape is read from the full-length input_ids.
+DECODER_FRONTIERS = {
+    "ts_gpt2_tiny": (
+        [("/model/Add_output_0", 1, 3), ("/model/Expand_output_0", 2, 4)],
+        [("/model/ln_f/LayerNormalization_output_0", 1, 3)],
+    ),
+    "ts_llama_tiny_gqa": (
+        [
+            ("/model/layers.0/input_layernorm/Cast_output_0", 1, 3),
+            ("/model/Expand_output_0", 2, 4),
+            ("/model/layers.0/self_attn/Unsqueeze_6_output_0", 2, 4),
+            ("/model/layers.0/self_attn/Unsqueeze_7_output_0", 2, 4),
+        ],
+        [("last_hidden_state", 1, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", sorted(DECODER_FRONTIERS))
+def test_frontier_hints_match_on_decoders_with_positions_and_causal_masks(
+    name: str, ranks: int
+) -> None:
+    inputs, outputs = DECODER_FRONTIERS[name]
+    hints = truth_hints(name).with_changes(
+        inputs=tuple(ShardTensor(*t) for t in inputs),
+        outputs=tuple(ShardTensor(*t) for t in outputs),
+    )
+    assert_match(simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8))
+    assert_match(simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=16, dims={"batch": 2}))
+
+
+DEFAULT_GEN_MODELS = [
+    # encoders, learned or no positions
+    "ts_bert_tiny",
+    "ts_roberta_tiny_eager",
+    "ts_transformer_encoder",
+    "ts_manual_attention_mask",
+    "ts_sdpa",
+    "dynamo_sdpa",
+    "dynamo_sdpa_opset23",
+    # decoders: learned or rotary positions, causal masks built before the attention
+    "ts_gpt2_tiny",
+    "dynamo_gpt2_tiny",
+    "ts_llama_tiny_gqa",
+    "dynamo_llama_tiny_gqa",
+    "ts_sdpa_causal",
+]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", DEFAULT_GEN_MODELS)
+def test_default_gen_hints_match(name: str, ranks: int) -> None:
+    index = load_index(REAL / f"{name}.onnx")
+    hints = generate(index, GenOptions()).hints
+    assert_match(simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8))
+
+
+# --------------------------------------------------------------------------- wrong hints
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor", "node"),
+    [
+        # learned positions from Range(0, local length): rank 1 gets positions 0..3 again
+        ("ts_gpt2_tiny", "/model/Range_output_0", "/model/Range"),
+        ("dynamo_gpt2_tiny", "arange", "node_arange"),
+        # rotary positions from the local length
+        ("ts_llama_tiny_gqa", "/model/Range_output_0", "/model/Range"),
+        ("dynamo_llama_tiny_gqa", "arange", "node_arange"),
+        # BERT slices its position_ids buffer to the local length
+        (
+            "ts_bert_tiny",
+            "/model/embeddings/position_embeddings/Gather_output_0",
+            "/model/embeddings/position_embeddings/Gather",
+        ),
+        # RoBERTa's positions are a cumulative sum along the (local) sequence
+        ("ts_roberta_tiny_eager", "/model/embeddings/CumSum_output_0", "/model/embeddings/CumSum"),
+        # the causal mask of is_causal=True is built at the local length [4, 4] instead of [4, 8]
+        ("ts_sdpa_causal", "/Expand_output_0", "/Expand"),
+    ],
+)
+def test_graph_input_hints_fail_where_positions_or_masks_use_the_local_length(
+    name: str, tensor: str, node: str
+) -> None:
+    result = simulate(REAL / f"{name}.onnx", truth_hints(name), ranks=2, seq_len=8)
+    assert_culprit(result, tensor, node)
+
+
+@pytest.mark.parametrize("reduce_op", ["sum", "prod"])
+def test_summing_replicated_inputs_fails_at_the_reduce_scatter(reduce_op: str) -> None:
+    hints = sdpa_hints(dist_collectives=DistCollective(reduce_op=reduce_op))
+    result = simulate(REAL / "ts_sdpa.onnx", hints, ranks=2, seq_len=8)
+    assert_culprit(result, "x/reduce_scatter", "x/reduce_scatter/on_axis0", rank=0)
+    assert result.mismatch is not None and result.mismatch.original == "x"
+    assert "differs from its slice of the single-device tensor along axis 1" in result.summary()
+
+
+@pytest.mark.parametrize("reduce_op", ["max", "min", "avg"])
+def test_idempotent_reductions_of_replicated_inputs_match(reduce_op: str) -> None:
+    hints = sdpa_hints(dist_collectives=DistCollective(reduce_op=reduce_op))
+    assert_match(simulate(REAL / "ts_sdpa.onnx", hints, ranks=2, seq_len=8))
+
+
+def test_a_k_index_on_the_wrong_axis_fails_at_the_k_gather() -> None:
+    result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(k_seq_len_idx=2), ranks=2, seq_len=8)
+    assert_culprit(result, "/Mul_1_output_0/all_gather", "/Mul_1_output_0/all_gather/on_axis0")
+    assert "its shape [1, 2, 32, 4] is neither the single-device shape [1, 2, 16, 8]" in (
+        result.summary()
+    )
+
+
+def test_a_wrong_input_index_fails_where_the_slice_stops_fitting() -> None:
+    # Scattering x's hidden axis is a valid slice of x, but the projection cannot take it.
+    hints = sdpa_hints(inputs=(ShardTensor("x", 2),))
+    result = simulate(REAL / "ts_sdpa.onnx", hints, ranks=2, seq_len=8)
+    assert_culprit(result, "/q_proj/MatMul_output_0", "/q_proj/MatMul")
+    assert "onnxruntime:" in result.summary()
+
+
+def test_a_wrong_output_index_fails_at_the_output_gather() -> None:
+    hints = sdpa_hints(outputs=(ShardTensor("y", 2),))
+    result = simulate(REAL / "ts_sdpa.onnx", hints, ranks=2, seq_len=8)
+    assert_culprit(result, "y/all_gather", "y/all_gather/on_axis0")
+    assert "[1, 4, 64]" in result.summary()
+
+
+def test_an_output_left_out_of_the_hints_fails_on_its_shape() -> None:
+    result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(outputs=()), ranks=2, seq_len=8)
+    assert_culprit(result, "y", "/out_proj/Add")
+    assert "the graph output has shape [1, 4, 32] on the rank but [1, 8, 32]" in result.summary()
+
+
+def test_a_baked_length_fails_at_the_reshape_that_holds_it() -> None:
+    result = simulate(
+        REAL / "ts_mha_seq_first.onnx", truth_hints("ts_mha_seq_first"), ranks=2, seq_len=8
+    )
+    assert_culprit(result, "/attn/Reshape_4_output_0", "/attn/Reshape_4")
+
+
+def test_a_scatter_that_does_not_divide_fails_on_it() -> None:
+    hints = read_hints(GOLDEN / "attention_head.json").with_changes(
+        inputs=(ShardTensor("input", 2),)  # the hidden axis, 16, at 3 ranks
+    )
+    result = simulate(FIXTURES / "attention_head.onnx", hints, ranks=3, seq_len=6)
+    assert_culprit(result, "input/reduce_scatter", "input/reduce_scatter/on_axis0")
+    assert "the reduce-scatter axis (2) has length 16, which does not divide by 3 ranks" in (
+        result.summary()
+    )
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def test_a_length_that_does_not_divide_is_a_one_line_error() -> None:
+    with pytest.raises(InputError) as error:
+        simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=4, seq_len=6)
+    assert str(error.value) == (
+        "--seq-len 6: the sequence length must be a positive multiple of the 4 ranks, so that "
+        "every rank holds as many positions"
+    )
+
+
+def test_a_model_that_does_not_run_at_the_length_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="the single-device model does not run with dims"):
+        simulate(
+            REAL / "ts_mha_seq_first.onnx", truth_hints("ts_mha_seq_first"), ranks=2, seq_len=16
+        )
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def _identity_model(directory: Path) -> Path:
+    nodes = [
+        helper.make_node("Identity", ["x"], ["local"], name="first"),
+        helper.make_node("Identity", ["local"], ["y"], name="second"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "identities",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s", 3])],
+    )
+    path = directory / "identities.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("reduce_op", sorted(REDUCERS))
+def test_collectives_compute_what_their_attributes_say(reduce_op: str, tmp_path: Path) -> None:
+    """x is scattered (the ranks' copies are equal), then ``local`` (the copies differ), then
+    y is all-gathered; every step is checked against its definition in numpy."""
+    ranks = 2
+    path = _identity_model(tmp_path)
+    index = load_index(path)
+    hints = ShardHints(
+        inputs=(ShardTensor("x", 0), ShardTensor("local", 0)),
+        outputs=(ShardTensor("y", 0),),
+        dist_collectives=DistCollective(reduce_op=reduce_op),
+    )
+    sharded = shard_model(index, hints)
+    simulator = RankSimulator(sharded, index.model, ranks)
+    x = np.arange(1, 25, dtype=np.float32).reshape(8, 3) / 8
+    values = simulator.run({"x": x}).per_rank
+
+    def reduce_scatter(copies: list[np.ndarray]) -> list[np.ndarray]:
+        reduced = {
+            "sum": np.sum,
+            "prod": np.prod,
+            "min": np.min,
+            "max": np.max,
+            "avg": np.mean,
+        }[reduce_op](np.stack(copies), axis=0)
+        return np.split(reduced, ranks, axis=0)
+
+    first = reduce_scatter([x] * ranks)
+    second = reduce_scatter(first)
+    for rank in range(ranks):
+        np.testing.assert_allclose(values[rank]["x/reduce_scatter"], first[rank], rtol=1e-6)
+        np.testing.assert_allclose(values[rank]["local/reduce_scatter"], second[rank], rtol=1e-6)
+        np.testing.assert_allclose(values[rank]["y/all_gather"], np.concatenate(second), rtol=1e-6)
+
+
+def test_sub_groups_are_refused(tmp_path: Path) -> None:
+    index = load_index(_identity_model(tmp_path))
+    hints = ShardHints(inputs=(ShardTensor("x", 0),), dist_collectives=DistCollective(groups=(0,)))
+    with pytest.raises(InputError, match="the simulator runs collectives over all 2 ranks only"):
+        RankSimulator(shard_model(index, hints), index.model, 2)
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def test_the_happy_path_runs_each_stage_once_per_rank_and_nothing_else() -> None:
+    """One session per stage, built once; a stage runs once per rank (once in all when its
+    inputs are the same on every rank); stages return only what later steps read; plus the one
+    single-device run: about N + 1 inferences of the model."""
+    ranks = 4
+    name = "ts_gpt2_tiny"
+    inputs, outputs = DECODER_FRONTIERS[name]
+    hints = truth_hints(name).with_changes(
+        inputs=tuple(ShardTensor(*t) for t in inputs),
+        outputs=tuple(ShardTensor(*t) for t in outputs),
+    )
+    index = load_index(REAL / f"{name}.onnx")
+    simulator = RankSimulator(shard_model(index, hints), index.model, ranks)
+    feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
+    values = simulator.run(feeds)
+
+    stages = [step for step in simulator.steps if hasattr(step, "sessions")]
+    assert all(len(stage.sessions) == 1 for stage in stages)
+    replicated_stages = 1  # stage 0 reads the replicated graph inputs only
+    assert simulator.session_runs == replicated_stages + ranks * (len(stages) - 1)
+    later_reads = {name for step in simulator.steps for name in _reads(step)}
+    later_reads.update(o.name for o in simulator.sharded.model.graph.output)
+    for stage in stages:
+        assert set(stage.outputs) <= later_reads
+        assert len(stage.outputs) < len(stage.produced)
+    assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
+
+    result = simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8)
+    assert_match(result)
+    assert result.session_runs == simulator.session_runs + 1
+
+
+def _reads(step: object) -> list[str]:
+    if hasattr(step, "inputs"):
+        return list(step.inputs)  # a stage
+    return list(step.node.input)  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _write(path: Path, hints: ShardHints) -> Path:
+    path.write_text(dumps(hints))
+    return path
+
+
+def test_cli_simulate_exit_codes(tmp_path: Path) -> None:
+    model = REAL / "ts_sdpa.onnx"
+    right = _write(tmp_path / "right.json", sdpa_hints())
+    wrong = _write(tmp_path / "wrong.json", sdpa_hints(k_seq_len_idx=2))
+
+    ok = run_cli("simulate", model, right, "--ranks", "2", "--seq-len", "8", "--dim", "batch=2")
+    assert (ok.exit_code, ok.stderr) == (0, "")
+    assert ok.stdout.startswith("match: ") and "dims batch=2, sequence=8" in ok.stdout
+
+    bad = run_cli("simulate", model, wrong, "--ranks", "2", "--seq-len", "8")
+    assert (bad.exit_code, bad.stderr) == (1, "")
+    assert bad.stdout.startswith("mismatch: first difference on rank 0 at tensor ")
+    assert bad.stdout.count("\n") == 1
+
+    error = run_cli("simulate", model, right, "--ranks", "4", "--seq-len", "6")
+    assert (error.exit_code, error.stdout) == (2, "")
+    assert (
+        error.stderr.startswith("shardcheck: error: --seq-len 6:") and error.stderr.count("\n") == 1
+    )
+
+    typo = run_cli("simulate", model, right, "--ranks", "2", "--seq-len", "8", "--dim", "batch")
+    assert typo.exit_code == 2 and "expected NAME=VALUE" in typo.stderr
