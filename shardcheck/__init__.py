@@ -1,54 +1,52 @@
-"""shardcheck: context-parallel shard hints for ONNX models, generated, verified and gated.
-
-The public API is re-exported here lazily: ``import shardcheck`` stays cheap (the pytest plugin
-is loaded by every pytest run in an environment where shardcheck is installed), and onnx,
-numpy or onnxruntime are imported only when a name that needs them is used.
-"""
+"""shardcheck: context-parallel shard hints for ONNX models, generated, verified and gated."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from shardcheck.detect import AttentionLayer, detect_attention
+from shardcheck.diff import diff_hints
+from shardcheck.errors import HintsFormatError, InputError, ModelError, ShardcheckError
+from shardcheck.generate import GenResult, generate
+from shardcheck.graph import GraphIndex
+from shardcheck.hints import (
+    AttentionLayerHint,
+    DistCollective,
+    FusedAttention,
+    ShardHints,
+    ShardTensor,
+    dumps,
+    loads,
+)
+from shardcheck.hints_file import read_hints, write_hints
+from shardcheck.loader import load_index, read_model
+from shardcheck.options import GenOptions
+from shardcheck.report import Report
+from shardcheck.simulate import simulate
+from shardcheck.verify import verify
 
-_EXPORTS = {
-    "AttentionLayer": "shardcheck.detect",
-    "AttentionLayerHint": "shardcheck.hints",
-    "DistCollective": "shardcheck.hints",
-    "FusedAttention": "shardcheck.hints",
-    "GenOptions": "shardcheck.options",
-    "GenResult": "shardcheck.generate",
-    "GraphIndex": "shardcheck.graph",
-    "HintsFormatError": "shardcheck.errors",
-    "InputError": "shardcheck.errors",
-    "ModelError": "shardcheck.errors",
-    "Report": "shardcheck.report",
-    "ShardHints": "shardcheck.hints",
-    "ShardTensor": "shardcheck.hints",
-    "ShardcheckError": "shardcheck.errors",
-    "detect_attention": "shardcheck.detect",
-    "diff_hints": "shardcheck.diff",
-    "dumps": "shardcheck.hints",
-    "generate": "shardcheck.generate",
-    "load_index": "shardcheck.loader",
-    "loads": "shardcheck.hints",
-    "read_hints": "shardcheck.hints_file",
-    "read_model": "shardcheck.loader",
-    "simulate": "shardcheck.simulate",
-    "verify": "shardcheck.verify",
-    "write_hints": "shardcheck.hints_file",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shardcheck' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__all__ = [
+    "AttentionLayer",
+    "AttentionLayerHint",
+    "DistCollective",
+    "FusedAttention",
+    "GenOptions",
+    "GenResult",
+    "GraphIndex",
+    "HintsFormatError",
+    "InputError",
+    "ModelError",
+    "Report",
+    "ShardHints",
+    "ShardTensor",
+    "ShardcheckError",
+    "detect_attention",
+    "diff_hints",
+    "dumps",
+    "generate",
+    "load_index",
+    "loads",
+    "read_hints",
+    "read_model",
+    "simulate",
+    "verify",
+    "write_hints",
+]

@@ -154,11 +154,11 @@ def _kv_axes(
     """One K index, one V index and one K/V rank for the whole model, or an error that says
     which layers disagree."""
     chosen: list[int | None] = []
-    for what, explicit, values in (
-        ("K index (k_seq_len_idx)", options.k_idx, [layer.k_axis for layer in layers]),
-        ("V index (v_seq_len_idx)", options.v_idx, [layer.v_axis for layer in layers]),
+    for field_name, explicit, values in (
+        ("k_seq_len_idx", options.k_idx, [layer.k_axis for layer in layers]),
+        ("v_seq_len_idx", options.v_idx, [layer.v_axis for layer in layers]),
         (
-            "K/V rank (kv_rank)",
+            "kv_rank",
             options.kv_rank,
             [layer.k_rank for layer in layers] + [layer.v_rank for layer in layers],
         ),
@@ -169,22 +169,26 @@ def _kv_axes(
         known = sorted({v for v in values if v is not None})
         if len(known) > 1:
             groups = "; ".join(
-                f"{value} for {', '.join(_layers_with(layers, what, value))}" for value in known
+                f"{value} for {', '.join(_layers_with(layers, field_name, value))}"
+                for value in known
             )
             raise AnalysisError(
-                f"{index.source}: the attention layers need different {what}s ({groups}); a "
-                "hints file holds one value for the whole model. Nothing was written; pass the "
-                "value to use explicitly (--k-idx, --v-idx, --kv-rank) to write it anyway"
+                f"{index.source}: the attention layers need different values of {field_name} "
+                f"({groups}); a hints file holds one for the whole model. Nothing was written; "
+                f"pass the value to use (--{_OPTION_OF[field_name]}) to write it anyway"
             )
         chosen.append(known[0] if known else None)
     k_idx, v_idx, kv_rank = chosen
     return (0 if k_idx is None else k_idx, 0 if v_idx is None else v_idx, kv_rank)
 
 
-def _layers_with(layers: list[AttentionLayer], what: str, value: int) -> list[str]:
-    if what.startswith("K index"):
+_OPTION_OF = {"k_seq_len_idx": "k-idx", "v_seq_len_idx": "v-idx", "kv_rank": "kv-rank"}
+
+
+def _layers_with(layers: list[AttentionLayer], field_name: str, value: int) -> list[str]:
+    if field_name == "k_seq_len_idx":
         return [layer.name for layer in layers if layer.k_axis == value]
-    if what.startswith("V index"):
+    if field_name == "v_seq_len_idx":
         return [layer.name for layer in layers if layer.v_axis == value]
     return [layer.name for layer in layers if value in (layer.k_rank, layer.v_rank)]
 

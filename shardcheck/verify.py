@@ -22,7 +22,14 @@ import onnx
 
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds, resolve_dims
+from shardcheck.feeds import (
+    BATCH_DIM_DEFAULT,
+    BATCH_LIKE,
+    OTHER_DIM_DEFAULT,
+    graph_input_dims,
+    make_feeds,
+    resolve_dims,
+)
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import REDUCE_OPS, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
@@ -70,11 +77,56 @@ def verify(
     by_q = {layer.q: layer for layer in layers}
 
     check_static(index, shapes, hints, layers, report)
+    choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
     runtime = _RuntimeCheck(index, hints, by_q, report, seed, timeout, progress)
-    runtime.run(Path(model_path), list(seq_lens), dict(dims or {}))
+    runtime.run(Path(model_path), list(seq_lens), choose)
     if ranks is not None and runtime.ran:
-        _simulate(model_path, hints, ranks, seq_lens, dims, rtol, atol, seed, report, progress)
+        _simulate(model_path, hints, ranks, seq_lens, choose, rtol, atol, seed, report, progress)
     return report
+
+
+DimChooser = Callable[[int], dict[str, int]]
+
+
+def _dim_chooser(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    user_dims: dict[str, int],
+) -> DimChooser:
+    """The dims of each run. The sequence dim is the one the attention's query axis carries,
+    found from the model, not from the hints under test (wrong hints would otherwise pick the
+    dim that is varied, and a wrong axis could pass). Without attention, the hints decide."""
+    names = graph_input_dims(index)
+    sequence = None
+    for layer in layers:
+        q_shape = shapes.shape(layer.q)
+        if q_shape is not None and layer.q_axis is not None:
+            dim = q_shape[layer.q_axis]
+            if isinstance(dim, str) and dim in names:
+                sequence = dim
+                break
+    if sequence is None or sequence in user_dims:
+        return lambda length: resolve_dims(index, hints, length, user_dims)
+    unknown = sorted(set(user_dims) - set(names))
+    if unknown:
+        raise InputError(
+            f"{index.source}: --dim {unknown[0]}: the model's inputs have no such dim "
+            f"(their symbolic dims: {', '.join(names) or 'none'})"
+        )
+
+    def choose(length: int) -> dict[str, int]:
+        return {
+            name: user_dims.get(name, length if name == sequence else _default_dim(name))
+            for name in names
+        }
+
+    return choose
+
+
+def _default_dim(name: str) -> int:
+    return BATCH_DIM_DEFAULT if BATCH_LIKE.search(name) else OTHER_DIM_DEFAULT
 
 
 # --------------------------------------------------------------------------- static checks
@@ -319,7 +371,7 @@ class _RuntimeCheck:
             watched.setdefault(name, "graph input")
         return watched
 
-    def run(self, model_path: Path, seq_lens: list[int], user_dims: dict[str, int]) -> None:
+    def run(self, model_path: Path, seq_lens: list[int], choose: DimChooser) -> None:
         watched = self.watched()
         model = _with_outputs(
             self.index, model_path, [n for n in watched if n not in self.index.graph_inputs]
@@ -327,7 +379,7 @@ class _RuntimeCheck:
         session = _session(model, self.index.source)
         shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
         for length in seq_lens:
-            dims = resolve_dims(self.index, self.hints, length, user_dims)
+            dims = choose(length)
             feeds = make_feeds(self.index, dims, self.seed)
             started = time.perf_counter()
             failure = _run(session, feeds, self.timeout, self.progress, length)
@@ -677,7 +729,7 @@ def _simulate(
     hints: ShardHints,
     ranks: int,
     seq_lens: Sequence[int],
-    dims: Mapping[str, int] | None,
+    choose: DimChooser,
     rtol: float,
     atol: float,
     seed: int,
@@ -695,7 +747,7 @@ def _simulate(
             hints,
             ranks=ranks,
             seq_len=length,
-            dims=dims,
+            dims=choose(length),
             rtol=rtol,
             atol=atol,
             seed=seed,

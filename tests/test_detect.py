@@ -1,0 +1,79 @@
+"""Attention detection on real exports, checked against fixtures/real/TRUTH.json.
+
+TRUTH.json was written from the PyTorch model definitions and confirmed by onnxruntime runs at
+two sequence lengths when the fixtures were built; it is not shardcheck's output.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import FIXTURES
+
+from shardcheck import detect_attention, load_index
+
+REAL = FIXTURES / "real"
+TRUTH = json.loads((REAL / "TRUTH.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_every_layer_found_with_its_q_k_v_and_axes(name: str) -> None:
+    truth = TRUTH[name]
+    layers = detect_attention(load_index(REAL / truth["file"]))
+    assert len(layers) == truth["attention_layers"]
+    for expected, layer in zip(truth["attention_nodes"], layers, strict=True):
+        if expected.get("fused"):
+            assert layer.kind == "fused"
+            assert (layer.q, layer.gathered_k, layer.gathered_v) == (
+                expected["q_tensor"],
+                expected["k_tensor"],
+                expected["v_tensor"],
+            )
+        else:
+            assert layer.kind == "decomposed"
+            assert layer.q == expected["scores_matmul"]["inputs"][0] == expected["q_tensor"]
+            assert layer.gathered_k == expected["scores_matmul"]["inputs"][1]
+            assert layer.gathered_v == expected["probs_matmul"]["inputs"][1]
+            assert layer.output == expected["probs_matmul"]["output"]
+        assert (layer.q_axis, layer.k_axis, layer.v_axis) == (
+            expected["q_seq_axis"],
+            expected["k_seq_axis"],
+            expected["v_seq_axis"],
+        )
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_causal_mask_found_exactly_where_the_model_is_causal(name: str) -> None:
+    truth = TRUTH[name]
+    layers = detect_attention(load_index(REAL / truth["file"]))
+    assert all((layer.causal is not None) == truth["causal"] for layer in layers), [
+        layer.causal for layer in layers
+    ]
+
+
+def test_causal_mask_says_how_it_is_built() -> None:
+    trilu = detect_attention(load_index(REAL / "ts_sdpa_causal.onnx"))[0]
+    assert trilu.causal == "Trilu node /Trilu"
+    ranged = detect_attention(load_index(REAL / "ts_gpt2_tiny.onnx"))[0]
+    assert ranged.causal is not None and ranged.causal.startswith("Range comparison node")
+
+
+def test_polygraphy_recognition_is_recorded() -> None:
+    # Polygraphy's pattern 0 is MatMul -> Softmax -> MatMul with nothing between: plain SDPA
+    # decompositions match it, HF's masked and guarded attention does not.
+    assert detect_attention(load_index(REAL / "ts_sdpa.onnx"))[0].polygraphy_patterns == (0,)
+    assert detect_attention(load_index(REAL / "ts_bert_tiny.onnx"))[0].polygraphy_patterns == ()
+    both = detect_attention(load_index(FIXTURES / "sdpa_scaled_attention.onnx"))[0]
+    assert both.polygraphy_patterns == (0, 1)
+
+
+def test_hand_made_masked_attention_is_found_with_its_mask() -> None:
+    layer = detect_attention(load_index(FIXTURES / "scaled_masked_attention.onnx"))[0]
+    assert (layer.q, layer.gathered_k, layer.gathered_v) == ("q", "k_T", "v")
+    assert layer.masks == ("mask",)
+    assert layer.polygraphy_patterns == ()
+
+
+def test_no_attention_in_an_mlp() -> None:
+    assert detect_attention(load_index(FIXTURES / "no_attention.onnx")) == []

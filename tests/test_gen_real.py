@@ -1,0 +1,94 @@
+"""Default gen on real exports: right axes, and hints that make CP exact.
+
+The axes are checked against fixtures/real/TRUTH.json (written from the PyTorch models) and by
+onnxruntime runs (verify); exactness by the N-rank CP simulation against one device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, run_cli
+
+from shardcheck import GenOptions, generate, load_index, simulate, verify
+from shardcheck.errors import AnalysisError
+
+REAL = FIXTURES / "real"
+TRUTH = json.loads((REAL / "TRUTH.json").read_text())
+SHARDABLE = sorted(
+    name
+    for name, truth in TRUTH.items()
+    if truth["runs_at_other_seq_lens"]
+    and truth["inputs"]
+    and any(axis is not None for axis in truth["inputs"].values())
+)
+# Positions or a causal mask computed from the sequence length inside the model.
+POSITION_DEPENDENT = sorted(
+    name for name in SHARDABLE if TRUTH[name]["positions"] != "none" or TRUTH[name]["causal"]
+)
+
+
+def hints_file(tmp_path: Path, name: str, *options: str) -> Path:
+    out = tmp_path / f"{name}.json"
+    result = run_cli("gen", REAL / TRUTH[name]["file"], "-o", out, *options)
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
+    assert "ts_mha_seq_first" not in SHARDABLE  # its length is baked into Reshape constants
+    assert "ts_vit_tiny" not in SHARDABLE  # 17 patches: the length is fixed by the image
+    assert {"ts_gpt2_tiny", "ts_llama_tiny_gqa", "ts_bert_tiny", "dynamo_llama_tiny_gqa"} <= set(
+        POSITION_DEPENDENT
+    )
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_graph_io_axes_match_the_truth(name: str) -> None:
+    truth = TRUTH[name]
+    hints = generate(load_index(REAL / truth["file"]), GenOptions(io="graph")).hints
+    for tensor in (*hints.inputs, *hints.outputs):
+        expected = {**truth["inputs"], **truth["outputs"]}[tensor.name]
+        if expected is not None:
+            assert tensor.seq_len_idx == expected, tensor
+    if truth["k_transposed_before_matmul"]:
+        assert hints.k_seq_len_idx == truth["attention_nodes"][0]["k_seq_axis"]
+
+
+@pytest.mark.parametrize("name", SHARDABLE)
+def test_default_hints_pass_verify(name: str, tmp_path: Path) -> None:
+    report = verify(REAL / TRUTH[name]["file"], hints_file(tmp_path, name), seq_lens=(8, 16))
+    assert report.ok, report.render_text()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", SHARDABLE)
+def test_default_hints_make_cp_exact(name: str, ranks: int, tmp_path: Path) -> None:
+    result = simulate(
+        REAL / TRUTH[name]["file"], hints_file(tmp_path, name), ranks=ranks, seq_len=16
+    )
+    assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("name", POSITION_DEPENDENT)
+def test_graph_input_hints_fail_the_simulation_with_a_culprit(name: str, tmp_path: Path) -> None:
+    hints = hints_file(tmp_path, name, "--io", "graph")
+    result = simulate(REAL / TRUTH[name]["file"], hints, ranks=2, seq_len=8)
+    assert not result.ok
+    assert result.mismatch is not None and result.mismatch.tensor and result.mismatch.node
+
+
+def test_layers_that_need_different_k_indices_are_reported_not_written(tmp_path: Path) -> None:
+    model = FIXTURES / "mixed_rank_attention.onnx"
+    with pytest.raises(AnalysisError) as caught:
+        generate(load_index(model), GenOptions())
+    assert "k_seq_len_idx (2 for flat_mm1; 3 for heads_mm1)" in caught.value.message
+    out = tmp_path / "h.json"
+    result = run_cli("gen", model, "-o", out)
+    assert result.exit_code == 1
+    assert not out.exists()
+    assert result.stderr.count("\n") == 1 and "--k-idx" in result.stderr
+    forced = run_cli("gen", model, "-o", out, "--k-idx", "3", "--v-idx", "2", "--kv-rank", "4")
+    assert forced.exit_code == 0 and json.loads(out.read_text())["k_seq_len_idx"] == 3
