@@ -279,21 +279,22 @@ def _must_be_whole(
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
     cuts that other nodes read outside the region: both must be computed whole."""
     needed: set[str] = set()
-    for tensor in cut:
-        queue = deque([tensor])
-        seen: set[str] = set()
-        while queue:
-            current = queue.popleft()
-            if current in seen:
-                continue
-            seen.add(current)
-            producer = index.producer_of(current)
-            if producer is None or (current in region and current != tensor):
-                continue
-            if producer.op_type in SHAPE_OPS and producer.inputs[0] in region:
-                needed.add(producer.inputs[0])
-                continue
-            queue.extend(name for name in producer.inputs if name)
+    # One walk back from every cut at once (the union is what counts): through tensors
+    # computed whole, to the Shape nodes that read a tensor of the region.
+    queue = deque(cut)
+    seen: set[str] = set()
+    while queue:
+        current = queue.popleft()
+        if current in seen:
+            continue
+        seen.add(current)
+        producer = index.producer_of(current)
+        if producer is None or (current in region and current not in cut):
+            continue
+        if producer.op_type in SHAPE_OPS and producer.inputs[0] in region:
+            needed.add(producer.inputs[0])
+            continue
+        queue.extend(name for name in producer.inputs if name)
     for tensor in cut:
         outside = [
             c
