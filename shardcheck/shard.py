@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes
 from shardcheck.graph import GraphIndex
@@ -75,21 +76,11 @@ def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.Att
     ]
 
 
-def _layers_by_q(index: GraphIndex) -> dict[str, tuple[str, str]]:
-    """Q -> (gathered K, gathered V) of every attention layer shardcheck detects.
-
-    Uses ``shardcheck.detect`` when it is there, else Polygraphy's pattern 0. Where two layers
-    share a Q, the first one (in graph order) is kept.
-    """
-    try:
-        from shardcheck.detect import detect_attention
-    except ImportError:
-        from shardcheck.patterns.polygraphy import match_all
-
-        return {m.q: (m.matmul1.inputs[1], m.matmul2.inputs[1]) for m in match_all(index, 0)}
-    layers: dict[str, tuple[str, str]] = {}
+def _layers_by_q(index: GraphIndex) -> dict[str, list[tuple[str, str]]]:
+    """Q -> (gathered K, gathered V) of each attention layer shardcheck detects with that Q."""
+    layers: dict[str, list[tuple[str, str]]] = {}
     for layer in detect_attention(index):
-        layers.setdefault(layer.q, (layer.gathered_k, layer.gathered_v))
+        layers.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
     return layers
 
 
@@ -224,13 +215,14 @@ def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
 def shard_model(
     index: GraphIndex,
     hints: ShardHints,
-    layers: dict[str, tuple[str, str]] | None = None,
+    layers: dict[str, list[tuple[str, str]]] | None = None,
     *,
     hints_source: str = "<hints>",
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
-    ``layers`` maps each attention layer's Q to its gathered K and V (default: detection).
+    ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
+    (default: ``shardcheck.detect``).
     """
     if hints.parallelism != "CP":
         raise InputError(
@@ -255,19 +247,19 @@ def shard_model(
     q_is_gathered = False
     gathered: set[str] = set()
     for position, layer in enumerate(hints.attention_layers):
-        if layer.q not in layers:
+        if not layers.get(layer.q):
             raise InputError(
                 f"{hints_source}: attention_layers[{position}]: q {layer.q!r} is not the Q of "
                 "any attention layer of the model"
             )
-        k, v = layers[layer.q]
-        for tensor, axis, rank, wanted, what in _layer_gathers(hints, layer, k, v):
-            if wanted and tensor not in gathered:
-                gathered.add(tensor)
-                rewriter.collective(
-                    tensor, ALL_GATHER, axis, rank, f"attention_layers[{position}] {what}"
-                )
-        q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
+        for k, v in layers[layer.q]:
+            for tensor, axis, rank, wanted, what in _layer_gathers(hints, layer, k, v):
+                if wanted and tensor not in gathered:
+                    gathered.add(tensor)
+                    rewriter.collective(
+                        tensor, ALL_GATHER, axis, rank, f"attention_layers[{position}] {what}"
+                    )
+            q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
     if not q_is_gathered:
         for position, tensor in enumerate(hints.outputs):
             rewriter.collective(

@@ -16,7 +16,13 @@ from onnx import TensorProto, helper, numpy_helper
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError, OutputError
 from shardcheck.feeds import run_model
-from shardcheck.hints import AttentionLayerHint, DistCollective, FusedAttention, ShardTensor
+from shardcheck.hints import (
+    AttentionLayerHint,
+    DistCollective,
+    FusedAttention,
+    ShardHints,
+    ShardTensor,
+)
 from shardcheck.shard import save_sharded_model, shard_model
 
 PARITY_FIXTURES = [
@@ -199,37 +205,57 @@ def test_layers_that_polygraphy_misses_are_gathered() -> None:
 
 
 def test_a_shared_k_is_gathered_once(tmp_path: Path) -> None:
-    model = _two_layers_sharing_k()
-    path = tmp_path / "shared_k.onnx"
-    onnx.save(model, path)
-    hints = read_hints(GOLDEN / "attention_head.json").with_changes(
-        attention_layers=(
-            AttentionLayerHint(q="q1", gather_kv=True, gather_q=False),
-            AttentionLayerHint(q="q2", gather_kv=True, gather_q=False),
-        ),
-        inputs=(),
-        outputs=(),
-    )
+    path = _save(tmp_path, _two_layers(q=("q1", "q2"), k=("k", "k")))
+    hints = _hints_for(("q1", "q2"), inputs=())
     sharded = shard_model(load_index(path), hints)
-    sources = sorted(t.source for t in sharded.tails.values())
-    assert sources == ["k", "v1", "v2"]
+    # Polygraphy would gather k twice: the second layer reads the first gather by then.
+    assert sorted(t.source for t in sharded.tails.values()) == ["k", "o1", "o2", "v1", "v2"]
 
 
-def _two_layers_sharing_k() -> onnx.ModelProto:
+def test_two_layers_reading_one_q_are_both_gathered_as_polygraphy_does(tmp_path: Path) -> None:
+    path = _save(tmp_path, _two_layers(q=("q", "q"), k=("k1", "k2")))
+    hints = write_hints(tmp_path / "hints.json", _hints_for(("q",), inputs=(ShardTensor("q", 0),)))
+    sharded = shard_model(load_index(path), read_hints(hints))
+    gathered = sorted(t.source for t in sharded.tails.values() if t.operation == "all_gather")
+    assert gathered == ["k1", "k2", "o1", "o2", "v1", "v2"]
+    assert_same_structure(path, hints, tmp_path)
+
+
+def _hints_for(qs: tuple[str, ...], inputs: tuple[ShardTensor, ...]) -> ShardHints:
+    return ShardHints(
+        attention_layers=tuple(AttentionLayerHint(q=q, gather_kv=True, gather_q=False) for q in qs),
+        inputs=inputs,
+        outputs=(ShardTensor("o1", 0), ShardTensor("o2", 0)),
+    )
+
+
+def _two_layers(q: tuple[str, str], k: tuple[str, str]) -> onnx.ModelProto:
     nodes = []
-    for i in (1, 2):
+    for i in (0, 1):
         nodes += [
-            helper.make_node("MatMul", [f"q{i}", "k"], [f"s{i}"], name=f"mm{i}a"),
-            helper.make_node("Softmax", [f"s{i}"], [f"p{i}"], name=f"sm{i}"),
-            helper.make_node("MatMul", [f"p{i}", f"v{i}"], [f"o{i}"], name=f"mm{i}b"),
+            helper.make_node("MatMul", [q[i], k[i]], [f"s{i + 1}"], name=f"mm{i + 1}a"),
+            helper.make_node("Softmax", [f"s{i + 1}"], [f"p{i + 1}"], name=f"sm{i + 1}"),
+            helper.make_node(
+                "MatMul", [f"p{i + 1}", f"v{i + 1}"], [f"o{i + 1}"], name=f"mm{i + 1}b"
+            ),
         ]
-    shape = ["s", 4]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("q1", "q2")]
-    inputs += [helper.make_tensor_value_info("k", TensorProto.FLOAT, [4, "s"])]
-    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("v1", "v2")]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("o1", "o2")]
-    graph = helper.make_graph(nodes, "shared_k", inputs, outputs)
+    seq_first = ["s", 4]
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, seq_first) for n in sorted(set(q))
+    ]
+    inputs += [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, "s"]) for n in sorted(set(k))
+    ]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, seq_first) for n in ("v1", "v2")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, seq_first) for n in ("o1", "o2")]
+    graph = helper.make_graph(nodes, "two_layers", inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _save(directory: Path, model: onnx.ModelProto) -> Path:
+    path = directory / f"{model.graph.name}.onnx"
+    onnx.save(model, path)
+    return path
 
 
 @pytest.mark.parametrize(

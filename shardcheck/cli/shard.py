@@ -22,7 +22,7 @@ def shard(model: str, hints: str, output: str) -> int:
     all-gathers of K and V (Q with gather_q) and of the hinted outputs.
 
     External weight files stay where they are when OUTPUT is next to MODEL; otherwise they
-    are linked (or copied) next to OUTPUT."""
+    are copied next to OUTPUT."""
     if Path(output).exists() and Path(output).resolve() == Path(model).resolve():
         raise InputError(f"{output}: is the input model; write the sharded model elsewhere")
     index = load_index(model)
