@@ -294,6 +294,13 @@ class RankSimulator:
         pieces = [rank_values[source] for rank_values in values.per_rank]
         if pieces[0].ndim == 0:
             raise RankFailure(0, step.node.name, f"{step.operation} of a scalar (no axis 0)")
+        if len({piece.shape for piece in pieces}) > 1:
+            raise RankFailure(
+                0,
+                step.node.name,
+                f"{step.operation} of tensors whose shapes differ between ranks "
+                f"({', '.join(str(list(piece.shape)) for piece in pieces)})",
+            )
         if step.operation == ALL_GATHER:
             values.set_replicated({target: np.concatenate(pieces, axis=0)})
         elif step.operation == ALL_REDUCE:

@@ -198,11 +198,11 @@ def _compare_outputs(
                     f"{list(full.shape)} on a single device"
                 )
                 return worst, Mismatch(name, original, node, op_type, rank, None, detail)
-            error = max_abs_error(local, full, rtol, atol)
-            if error is not None:
+            match, error = compare_values(local, full, rtol, atol)
+            if not match:
                 detail = "the graph output differs from the single-device output"
                 return worst, Mismatch(name, original, node, op_type, rank, error, detail)
-            worst = max(worst, largest_difference(local, full))
+            worst = max(worst, error)
     return worst, None
 
 
@@ -230,33 +230,29 @@ def compare_to_slice(
         axis, length = differing[0], local.shape[differing[0]]
         expected = np.take(full, np.arange(rank * length, (rank + 1) * length), axis=axis)
         against = f"its slice of the single-device tensor along axis {axis}"
-    error = max_abs_error(local, expected, rtol, atol)
-    return None if error is None else (f"its value differs from {against}", error)
+    match, error = compare_values(local, expected, rtol, atol)
+    return None if match else (f"its value differs from {against}", error)
 
 
-def max_abs_error(
+def compare_values(
     actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float
-) -> float | None:
-    """None when the arrays match (floats within tolerance, NaN equal to NaN, others exactly);
-    else the largest absolute difference among the elements that do not match."""
+) -> tuple[bool, float]:
+    """Whether two arrays of one shape match (floats within tolerance, NaN equal to NaN, other
+    types exactly), and their largest absolute difference (NaN against a number: infinite)."""
+    actual, expected = np.atleast_1d(actual), np.atleast_1d(expected)
+    if actual.size == 0:
+        return True, 0.0
+    if not (np.issubdtype(expected.dtype, np.number) or expected.dtype == np.bool_):
+        match = bool(np.array_equal(actual, expected))  # strings
+        return match, 0.0 if match else float("inf")
     if np.issubdtype(expected.dtype, np.floating):
         close = np.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
     else:
         close = actual == expected
-    if np.all(close):
-        return None
-    difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))[~close]
-    return float(np.nan_to_num(difference, nan=np.inf).max())
-
-
-def largest_difference(actual: np.ndarray, expected: np.ndarray) -> float:
-    """The largest absolute difference between two arrays of equal shape (equal infinities
-    and NaNs count as no difference)."""
-    if actual.size == 0 or not np.issubdtype(expected.dtype, np.number):
-        return 0.0
-    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
-    difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))[~same]
-    return float(difference.max()) if difference.size else 0.0
+    with np.errstate(invalid="ignore"):
+        difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    difference[(actual == expected) | (np.isnan(difference) & close)] = 0.0
+    return bool(np.all(close)), float(np.nan_to_num(difference, nan=np.inf).max())
 
 
 # --------------------------------------------------------------------------- diagnosing

@@ -25,7 +25,7 @@ from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, Sha
 from shardcheck.options import GenOptions
 from shardcheck.ranks import REDUCERS, RankSimulator
 from shardcheck.shard import shard_model
-from shardcheck.simulate import SimulationResult, simulate
+from shardcheck.simulate import SimulationResult, compare_to_slice, compare_values, simulate
 
 REAL = FIXTURES / "real"
 
@@ -408,3 +408,26 @@ def test_cli_simulate_exit_codes(tmp_path: Path) -> None:
 
     typo = run_cli("simulate", model, right, "--ranks", "2", "--seq-len", "8", "--dim", "batch")
     assert typo.exit_code == 2 and "expected NAME=VALUE" in typo.stderr
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def test_values_compare_with_tolerance_and_nan_and_infinities() -> None:
+    inf, nan = np.inf, np.nan
+    same = np.array([1.0, -inf, nan], dtype=np.float32)
+    assert compare_values(same, same.copy(), 1e-4, 1e-5) == (True, 0.0)
+    assert compare_values(same + np.float32(1e-6), same, 1e-4, 1e-5)[0]
+    assert compare_values(np.array([nan]), np.array([1.0]), 1e-4, 1e-5) == (False, inf)
+    assert compare_values(np.array([1, 5]), np.array([1, 2]), 1e-4, 1e-5) == (False, 3.0)
+
+
+def test_a_rank_is_compared_with_its_slice_along_the_one_axis_that_differs() -> None:
+    full = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+    assert compare_to_slice(full[:, 2:], full, 1, 2, 1e-4, 1e-5) is None
+    assert compare_to_slice(full[:, 2:], full, 0, 2, 1e-4, 1e-5) == (
+        "its value differs from its slice of the single-device tensor along axis 1",
+        6.0,
+    )
+    problem = compare_to_slice(full[:1, 2:], full, 1, 2, 1e-4, 1e-5)
+    assert problem is not None and problem[0].startswith("its shape [1, 2, 3] is neither")
