@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import FIXTURES, GOLDEN, run_cli
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
@@ -431,3 +431,38 @@ def test_a_rank_is_compared_with_its_slice_along_the_one_axis_that_differs() -> 
     )
     problem = compare_to_slice(full[:1, 2:], full, 1, 2, 1e-4, 1e-5)
     assert problem is not None and problem[0].startswith("its shape [1, 2, 3] is neither")
+
+
+def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"W_{x}")
+        for x in "qkv"
+    ]
+    nodes = [
+        *(helper.make_node("MatMul", ["x", f"W_{x}"], [x], name=f"proj_{x}") for x in "qkv"),
+        helper.make_node("Transpose", ["k"], ["k_T"], name="t", perm=[1, 0]),
+        helper.make_node("MatMul", ["q", "k_T"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="context"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "external",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "external.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    hints = ShardHints(
+        attention_layers=(AttentionLayerHint(q="q", gather_kv=True, gather_q=False),),
+        inputs=(ShardTensor("x", 0),),
+        outputs=(ShardTensor("y", 0),),
+        k_seq_len_idx=1,
+        v_seq_len_idx=0,
+    )
+    assert_match(simulate(path, hints, ranks=2, seq_len=8))
+    wrong = simulate(path, hints.with_changes(k_seq_len_idx=0), ranks=2, seq_len=8)
+    assert_culprit(wrong, "k_T/all_gather", "k_T/all_gather")
