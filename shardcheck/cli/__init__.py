@@ -93,12 +93,13 @@ def cli(debug: bool) -> None:
 
 
 def _register() -> None:
-    from shardcheck.cli import check, diff, fmt, gen, shard, simulate
+    from shardcheck.cli import check, diff, fmt, gen, shard, simulate, verify
 
     cli.add_command(gen.gen)
     cli.add_command(diff.diff)
     cli.add_command(fmt.fmt)
     cli.add_command(check.check)
+    cli.add_command(verify.verify_command)
     cli.add_command(shard.shard)
     cli.add_command(simulate.simulate_command)
 

@@ -58,3 +58,29 @@ class IntList(click.ParamType):
 
 
 INT_LIST = IntList()
+
+
+class DimSetting(click.ParamType):
+    """``NAME=VALUE``, VALUE a positive integer (``--dim``)."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        name, sep, number = str(value).partition("=")
+        if not sep or not name or not number.isdigit() or int(number) < 1:
+            self.fail(f"expected NAME=VALUE with a positive integer, got {value!r}", param, ctx)
+        return name, int(number)
+
+
+DIM_SETTING = DimSetting()
+
+
+def dims_mapping(settings: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """The ``--dim`` settings as a mapping; a dim given twice is a usage error."""
+    names = [name for name, _ in settings]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise click.BadParameter(f"--dim {repeated[0]} is given more than once", param_hint="--dim")
+    return dict(settings)

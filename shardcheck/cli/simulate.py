@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
+from shardcheck.cli.arguments import DIM_SETTING, dims_mapping
 from shardcheck.simulate import simulate
-
-
-class DimSetting(click.ParamType):
-    """``NAME=VALUE``, VALUE a positive integer."""
-
-    name = "NAME=VALUE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        name, sep, number = str(value).partition("=")
-        if not sep or not name or not number.isdigit() or int(number) < 1:
-            self.fail(f"expected NAME=VALUE with a positive integer, got {value!r}", param, ctx)
-        return name, int(number)
 
 
 @click.command(name="simulate")
@@ -36,7 +21,7 @@ class DimSetting(click.ParamType):
 @click.option(
     "--dim",
     "dims",
-    type=DimSetting(),
+    type=DIM_SETTING,
     multiple=True,
     help="Value of a symbolic dim (repeatable); batch-like dims default to 1, others to 2.",
 )
@@ -56,16 +41,12 @@ def simulate_command(
     """Shard MODEL with HINTS, run it on N simulated ranks (onnxruntime, CPU) and compare the
     outputs with the single-device run. Exit 0: they match; 1: they differ (the first tensor
     that differs is named); 2: bad input."""
-    names = [name for name, _ in dims]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise click.BadParameter(f"--dim {repeated[0]} is given more than once", param_hint="--dim")
     result = simulate(
         model,
         hints,
         ranks=ranks,
         seq_len=seq_len,
-        dims=dict(dims),
+        dims=dims_mapping(dims),
         rtol=rtol,
         atol=atol,
         seed=seed,

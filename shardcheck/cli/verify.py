@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from shardcheck.cli.arguments import DIM_SETTING, dims_mapping
 from shardcheck.verify import DEFAULT_SEQ_LENS, verify
 
 
@@ -12,16 +13,6 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
         return tuple(int(part) for part in value.split(",") if part.strip())
     except ValueError:
         raise click.BadParameter(f"expected integers separated by commas, got {value!r}") from None
-
-
-def _dims(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for value in values:
-        name, sep, number = value.partition("=")
-        if not sep or not name or not number.strip().isdigit():
-            raise click.BadParameter(f"expected NAME=VALUE with a positive integer, got {value!r}")
-        dims[name] = int(number)
-    return dims
 
 
 @click.command(name="verify")
@@ -38,7 +29,7 @@ def _dims(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
     "--dim",
     "dims",
     multiple=True,
-    callback=_dims,
+    type=DIM_SETTING,
     metavar="NAME=VALUE",
     help="Value of another symbolic dim (repeatable); batch-like dims default to 1.",
 )
@@ -68,7 +59,7 @@ def verify_command(
     model: str,
     hints: str,
     seq_lens: tuple[int, ...],
-    dims: dict[str, int],
+    dims: tuple[tuple[str, int], ...],
     ranks: int | None,
     rtol: float,
     atol: float,
@@ -81,7 +72,7 @@ def verify_command(
         model,
         hints,
         seq_lens=seq_lens,
-        dims=dims,
+        dims=dims_mapping(dims),
         ranks=ranks,
         rtol=rtol,
         atol=atol,
