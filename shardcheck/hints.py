@@ -195,6 +195,9 @@ class _Reader:
         where = path or "top level"
         if not isinstance(value, dict):
             raise self.expect(path, f"a {cls} object", value)
+        repeated = getattr(value, "repeated", ())
+        if repeated:
+            raise self.fail(_join(path, repeated[0]), "key given twice in the same object")
         tag = value.get(CLASS_KEY)
         if tag is None:
             raise self.fail(path, f"missing {CLASS_KEY!r} (expected {cls!r}) at {where}")
@@ -236,6 +239,13 @@ class _Reader:
             raise self.expect(path, "a tensor name (string)", value)
         if not value:
             raise self.fail(path, "expected a tensor name, got an empty string")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # A lone surrogate (JSON "\\ud800"): no ONNX tensor, whose names are UTF-8, has it.
+            raise self.fail(
+                path, f"expected a tensor name, got invalid Unicode (character {exc.start})"
+            ) from None
         return value
 
     def choice(self, value: Any, path: str, choices: Sequence[str]) -> str:
@@ -404,10 +414,25 @@ def _reject_constant(token: str) -> Any:
     raise ValueError(f"{token} is not valid JSON")
 
 
+class _JSONObject(dict):  # type: ignore[type-arg]
+    """A JSON object as parsed; ``repeated`` lists the keys that it gives more than once
+    (json keeps the last value silently; the decoder refuses them with their path)."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = _JSONObject(pairs)
+    if len(result) != len(pairs):
+        keys = [key for key, _ in pairs]
+        result.repeated = tuple(dict.fromkeys(k for k in keys if keys.count(k) > 1))
+    return result
+
+
 def loads(text: str, source: str = "<hints>") -> ShardHints:
     """Parse and validate hints JSON text."""
     try:
-        document = json.loads(text, parse_constant=_reject_constant)
+        document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_json_object)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise HintsFormatError(source, "", f"not valid JSON ({_json_problem(exc)})") from None
     return decode(document, source)
