@@ -21,9 +21,11 @@ def read_text_input(path: str | os.PathLike[str], what: str) -> str:
     if file.is_dir():
         raise InputError(f"{path}: is a directory, expected {what}")
     try:
-        if file.stat().st_size > MAX_HINTS_BYTES:
+        # Read at most one byte past the limit: a pipe or a device reports no size.
+        with file.open("rb") as stream:
+            data = stream.read(MAX_HINTS_BYTES + 1)
+        if len(data) > MAX_HINTS_BYTES:
             raise InputError(f"{path}: too large to be {what}")
-        data = file.read_bytes()
     except PermissionError:
         raise InputError(f"{path}: permission denied") from None
     except OSError as exc:
