@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 
 from shardcheck.errors import ModelError
@@ -37,8 +38,19 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise
     except PermissionError:
         raise ModelError(f"{source}: permission denied") from None
-    except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as exc:
+    except (
+        DecodeError,
+        # A file named *.json, *.textproto or *.onnxtxt is read in that text format, as
+        # onnx.load does; hints.json given as the model lands here.
+        json_format.ParseError,
+        text_format.ParseError,
+        onnx.parser.ParseError,
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = detail if len(detail) <= 200 else detail[:197] + "..."
         raise ModelError(
             f"{source}: not a readable ONNX model (protobuf parse failed: {detail})"
         ) from None
