@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,10 @@ class ShardcheckGroup(click.Group):
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         debug = "--debug" in argv or bool(os.environ.get("SHARDCHECK_DEBUG"))
+        if not debug:
+            # A library's warning (onnx: "the onnxtxt format is experimental") would add lines
+            # to the one-line answer; it says nothing about the input. --debug shows them.
+            warnings.simplefilter("ignore")
         code = EXIT_INPUT_ERROR
         try:
             result = super().main(
