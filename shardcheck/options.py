@@ -8,12 +8,31 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shardcheck.errors import InputError
-from shardcheck.hints import PARALLELISMS, REDUCE_OPS
+from shardcheck.hints import MAX_AXIS, PARALLELISMS, REDUCE_OPS
 
 CP_TYPES = ("native", "fused")
 COMPAT_MODES = ("none", "polygraphy")
 # frontier: the earliest/latest tensors that make CP exact; graph: graph inputs/outputs only.
 IO_MODES = ("frontier", "graph")
+INT32_MAX = 2**31 - 1
+# The bounds that the hints decoder puts on the fields each option is written to: gen never
+# writes a file that shardcheck itself (fmt, diff, verify, shard) would refuse to read.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "root": (-1, INT32_MAX),
+    "gpus": (0, INT32_MAX),
+    "groups": (0, INT32_MAX),
+    "i_idx": (0, MAX_AXIS - 1),
+    "o_idx": (0, MAX_AXIS - 1),
+    "k_idx": (0, MAX_AXIS - 1),
+    "v_idx": (0, MAX_AXIS - 1),
+    "i_rank": (1, MAX_AXIS),
+    "o_rank": (1, MAX_AXIS),
+    "kv_rank": (1, MAX_AXIS),
+    "q_shuffle": (0, MAX_AXIS),
+    "k_shuffle": (0, MAX_AXIS),
+    "v_shuffle": (0, MAX_AXIS),
+    "nb_rank": (1, INT32_MAX),
+}
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,8 @@ class GenOptions:
         _choice("io", self.io, IO_MODES)
         if self.attention_pattern not in (0, 1):
             raise InputError(f"attention_pattern: expected 0 or 1, got {self.attention_pattern!r}")
+        for name, (low, high) in BOUNDS.items():
+            _bounded(name, getattr(self, name), low, high)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "options") -> GenOptions:
@@ -125,6 +146,12 @@ def _shown(value: Any) -> str:
         return json.dumps(value)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def _bounded(name: str, value: int | tuple[int, ...] | None, low: int, high: int) -> None:
+    for number in value if isinstance(value, tuple) else (value,):
+        if number is not None and not low <= number <= high:
+            raise InputError(f"{name}: expected an integer between {low} and {high}, got {number}")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from shardcheck.cli.arguments import INT_LIST
+from shardcheck.errors import InputError
 from shardcheck.generate import generate
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
@@ -110,8 +111,14 @@ from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 )
 def gen(model: str, output: str, **options: object) -> int:
     """Write shard hints for MODEL (an ONNX file) to OUTPUT."""
+    try:
+        gen_options = GenOptions(**options)  # type: ignore[arg-type]
+    except InputError as exc:
+        # "i_idx: expected ..." names the field; name the option as it is typed.
+        field, _, problem = exc.message.partition(": ")
+        raise InputError(f"--{field.replace('_', '-')}: {problem}") from None
     index = load_index(model)
-    result = generate(index, GenOptions(**options))  # type: ignore[arg-type]
+    result = generate(index, gen_options)
     for warning in result.warnings:
         click.echo(f"shardcheck: warning: {warning}", err=True)
     write_hints(output, result.hints)
