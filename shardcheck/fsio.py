@@ -46,6 +46,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     _fsync_directory(directory)
 
 
+def same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
+    """True when both paths name one existing file (through links too)."""
+    try:
+        return os.path.samefile(first, second)
+    except (OSError, ValueError):
+        return False
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 

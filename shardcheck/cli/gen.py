@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from shardcheck.cli.arguments import INT_LIST
 from shardcheck.errors import InputError
+from shardcheck.fsio import same_file
 from shardcheck.generate import generate
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
 from shardcheck.loader import load_index
 from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
+from shardcheck.shard import external_locations
 
 
 @click.command()
@@ -117,7 +121,12 @@ def gen(model: str, output: str, **options: object) -> int:
         # "i_idx: expected ..." names the field; name the option as it is typed.
         field, _, problem = exc.message.partition(": ")
         raise InputError(f"--{field.replace('_', '-')}: {problem}") from None
+    if same_file(output, model):
+        raise InputError(f"{output}: is the input model; write the hints elsewhere")
     index = load_index(model)
+    for location in external_locations(index.model):
+        if same_file(output, Path(model).parent / location):
+            raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
     result = generate(index, gen_options)
     for warning in result.warnings:
         click.echo(f"shardcheck: warning: {warning}", err=True)

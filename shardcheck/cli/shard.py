@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 
 from shardcheck.errors import InputError
+from shardcheck.fsio import same_file
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import load_index
-from shardcheck.shard import save_sharded_model, shard_model
+from shardcheck.shard import external_locations, save_sharded_model, shard_model
 
 
 @click.command()
@@ -26,6 +27,11 @@ def shard(model: str, hints: str, output: str) -> int:
     if Path(output).exists() and Path(output).resolve() == Path(model).resolve():
         raise InputError(f"{output}: is the input model; write the sharded model elsewhere")
     index = load_index(model)
+    if same_file(output, hints):
+        raise InputError(f"{output}: is the hints file; write the sharded model elsewhere")
+    for location in external_locations(index.model):
+        if same_file(output, Path(model).parent / location):
+            raise InputError(f"{output}: is a weight file of MODEL; write the model elsewhere")
     sharded = shard_model(index, read_hints(hints), hints_source=hints)
     save_sharded_model(sharded.model, source=model, output=output)
     return 0
