@@ -18,10 +18,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     A reader (or a crash at any moment) sees the old file or the new one, never a part. On
     failure the temporary file is removed and the old file is untouched.
     """
+    if not os.fspath(path):
+        raise OutputError("'': cannot write: the output path is empty")
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
-        raise OutputError(f"{target}: cannot write: directory {str(directory)!r} does not exist")
+        shown = repr(str(directory))
+        why = (
+            f"{shown} is not a directory"
+            if directory.exists()
+            else f"directory {shown} does not exist"
+        )
+        raise OutputError(f"{target}: cannot write: {why}")
     if target.is_dir():
         raise OutputError(f"{target}: cannot write: is a directory")
     try:
