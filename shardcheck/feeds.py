@@ -155,6 +155,8 @@ def _dims_of_inputs(index: GraphIndex, inputs: Sequence[str]) -> list[str]:
 
 def make_feeds(index: GraphIndex, dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """Seeded random inputs for every graph input (rules in the module docstring)."""
+    if seed < 0:
+        raise InputError(f"--seed {seed}: expected a non-negative integer")
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name in index.graph_inputs:
@@ -171,6 +173,11 @@ def _concrete_shape(index: GraphIndex, name: str, dims: Mapping[str, int]) -> tu
     shape: list[int] = []
     for axis, dim in enumerate(declared):
         if isinstance(dim, int):
+            if dim < 0:
+                raise InputError(
+                    f"{index.source}: input {name!r}: axis {axis} has the negative size {dim}; "
+                    "cannot make a feed"
+                )
             shape.append(dim)
         elif isinstance(dim, str):
             if dim not in dims:
