@@ -61,6 +61,12 @@ def verify(
             f"--seq-lens {','.join(map(str, seq_lens))}: give at least two different positive "
             "lengths, e.g. 8,16"
         )
+    # threading.Timer takes no NaN, infinity or wait past TIMEOUT_MAX (it fails in its thread).
+    if timeout is not None and not 0 < timeout <= threading.TIMEOUT_MAX:
+        raise InputError(
+            f"--timeout {timeout}: expected a positive number of seconds "
+            f"(at most {threading.TIMEOUT_MAX:.0f})"
+        )
     if ranks is not None:
         bad = [n for n in seq_lens if n % ranks]
         if ranks < 1 or bad:
