@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
+from shardcheck.budget import check_memory
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
@@ -119,6 +120,7 @@ def simulate(
         hints_source = "<hints>"
     sharded = shard_model(index, hints, hints_source=hints_source)
     resolved = resolve_dims(index, hints, seq_len, dims or {})
+    check_memory(index, resolved, seq_len=seq_len, option="--seq-len")
     feeds = make_feeds(index, resolved, seed)
     model = _with_weights(index, Path(model_path))
     reference = _run_single_device(model, feeds, index.source, resolved)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from shardcheck.budget import check_memory
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import InputError
 from shardcheck.feeds import (
@@ -84,7 +85,7 @@ def verify(
 
     check_static(index, shapes, hints, layers, report)
     choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
-    runtime = _RuntimeCheck(index, hints, by_q, report, seed, timeout, progress)
+    runtime = _RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
     runtime.run(Path(model_path), list(seq_lens), choose)
     if ranks is not None and runtime.ran:
         _simulate(model_path, hints, ranks, seq_lens, choose, rtol, atol, seed, report, progress)
@@ -347,8 +348,11 @@ class _RuntimeCheck:
         seed: int,
         timeout: float | None,
         progress: Progress | None,
+        *,
+        shapes: ShapeInference | None = None,
     ) -> None:
         self.index = index
+        self.shapes = shapes
         self.hints = hints
         self.by_q = by_q
         self.report = report
@@ -379,6 +383,15 @@ class _RuntimeCheck:
 
     def run(self, model_path: Path, seq_lens: list[int], choose: DimChooser) -> None:
         watched = self.watched()
+        for length in seq_lens:  # every length fits in memory, or nothing runs
+            check_memory(
+                self.index,
+                choose(length),
+                seq_len=length,
+                shapes=self.shapes,
+                layers=self.by_q.values(),
+                kept=watched,
+            )
         model = _with_outputs(
             self.index, model_path, [n for n in watched if n not in self.index.graph_inputs]
         )
