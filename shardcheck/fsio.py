@@ -12,12 +12,8 @@ from pathlib import Path
 from shardcheck.errors import OutputError
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data``: a temporary file in the same directory, then a rename.
-
-    A reader (or a crash at any moment) sees the old file or the new one, never a part. On
-    failure the temporary file is removed and the old file is untouched.
-    """
+def output_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The file ``path`` names and its directory; OutputError if it cannot be a new file."""
     if not os.fspath(path):
         raise OutputError("'': cannot write: the output path is empty")
     target = Path(path)
@@ -32,6 +28,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise OutputError(f"{target}: cannot write: {why}")
     if target.is_dir():
         raise OutputError(f"{target}: cannot write: is a directory")
+    return target, directory
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data``: a temporary file in the same directory, then a rename.
+
+    A reader (or a crash at any moment) sees the old file or the new one, never a part. On
+    failure the temporary file is removed and the old file is untouched.
+    """
+    target, directory = output_target(path)
     try:
         handle, temp_name = tempfile.mkstemp(
             prefix=f".{target.name}.", suffix=".tmp", dir=directory

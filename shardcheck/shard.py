@@ -31,7 +31,7 @@ from onnx import helper
 
 from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError, OutputError
-from shardcheck.fsio import atomic_write_bytes
+from shardcheck.fsio import atomic_write_bytes, output_target
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
 from shardcheck.shapes import ShapeInference
@@ -331,14 +331,20 @@ def save_sharded_model(
     a different one is an error, never overwritten. Returns the weight files copied.
     """
     source_dir = Path(source).resolve().parent
-    output_path = Path(output)
-    output_dir = (output_path.parent if str(output_path.parent) else Path(".")).resolve()
+    # Refuse a bad output path before a weight file is copied next to it.
+    output_path, output_dir = output_target(output)
+    output_dir = output_dir.resolve()
     copied: list[Path] = []
-    if output_dir != source_dir:
-        for location in sorted(external_locations(model)):
-            if _place_weight_file(source_dir / location, output_dir / location):
-                copied.append(output_dir / location)
-    atomic_write_bytes(output_path, model.SerializeToString())
+    try:
+        if output_dir != source_dir:
+            for location in sorted(external_locations(model)):
+                if _place_weight_file(source_dir / location, output_dir / location):
+                    copied.append(output_dir / location)
+        atomic_write_bytes(output_path, model.SerializeToString())
+    except BaseException:
+        for path in copied:  # copied by this call: nothing refers to them without the model
+            path.unlink(missing_ok=True)
+        raise
     return copied
 
 
@@ -374,7 +380,9 @@ def _place_weight_file(source: Path, target: Path) -> bool:
     try:
         shutil.copyfile(source, temporary)
         os.replace(temporary, target)
-    except OSError as exc:
+    except BaseException as exc:  # an interrupt too: no temporary file is left behind
         temporary.unlink(missing_ok=True)
-        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        raise
     return True
