@@ -159,7 +159,7 @@ def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
     model.CopyFrom(index.model)
     try:
         load_external_data_for_model(model, str(path.resolve().parent))
-    except OSError as exc:
+    except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
         raise InputError(f"{path}: cannot read its external weights: {exc}") from None
     return model
 

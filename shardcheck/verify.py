@@ -726,7 +726,7 @@ def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> onnx.M
 
         try:
             load_external_data_for_model(model, str(path.resolve().parent))
-        except OSError as exc:
+        except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
             raise InputError(f"{path}: cannot read its external weights: {exc}") from None
     present = {o.name for o in model.graph.output}
     for name in extra:
