@@ -47,6 +47,6 @@ def check(
     else:
         for line in result.lines():
             click.echo(line)
-    if report:
+    if report is not None:  # --report '' is a path that cannot be written, not 'no report'
         atomic_write_text(report, document)
     return 0 if result.ok else 1
