@@ -1,0 +1,733 @@
+"""The bad-input corpus: every command meets every bad file with exit 2 and one clear line.
+
+The corpus is data (``CORPUS``, ``OUTPUTS``, ``OPTIONS``): files that a new user could hand
+to shardcheck by mistake, or that a hand edit could leave behind. Each file entry is tried in
+every position that reads a file (the model of gen, verify, shard and simulate; the hints of
+verify, shard, simulate, diff and fmt; the manifest of check), each output entry as every
+output path, each option entry as given. The answer must always be exit 2 and exactly one
+stderr line ``shardcheck: error: ...`` that names the file, with no traceback and no "internal
+error" (that is a bug to fix where it arises). Files that would be replaced are unchanged and
+no temporary file is left behind.
+
+The last part proves that a model whose external data points outside its directory is refused
+without the file being opened: the target is a FIFO, whose open would block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import Result
+from onnx import TensorProto, numpy_helper
+
+from shardcheck.cli import cli
+from tests.conftest import FIXTURES, GOLDEN, ROOT, run_cli
+
+MODEL = FIXTURES / "attention_head.onnx"
+HINTS = GOLDEN / "attention_head.json"
+
+Maker = Callable[[Path], Path]
+
+
+# ------------------------------------------------------------------ building the entries
+
+
+def _write(name: str, data: bytes | str) -> Maker:
+    def make(directory: Path) -> Path:
+        path = directory / name
+        path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        return path
+
+    return make
+
+
+def _hints_doc() -> dict:
+    return json.loads(HINTS.read_text())
+
+
+def _hints_with(change: Callable[[dict], object], name: str = "hints.json") -> Maker:
+    document = _hints_doc()
+    change(document)
+    return _write(name, json.dumps(document, indent=4))
+
+
+def _model_with(change: Callable[[onnx.ModelProto], object], name: str = "model.onnx") -> Maker:
+    def make(directory: Path) -> Path:
+        model = onnx.load(MODEL)
+        change(model)
+        path = directory / name
+        path.write_bytes(model.SerializeToString())
+        return path
+
+    return make
+
+
+def _rename_two_nodes(model: onnx.ModelProto) -> None:
+    model.graph.node[0].name = "same"
+    model.graph.node[1].name = "same"
+
+
+def _external(location: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        tensor = model.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+
+    return change
+
+
+def _nested(directory: Path, make: Maker) -> Path:
+    """``make`` in directory/a/b (for external locations that climb out with ../..)."""
+    inner = directory / "a" / "b"
+    inner.mkdir(parents=True, exist_ok=True)
+    return make(inner)
+
+
+def _missing(directory: Path) -> Path:
+    return directory / "missing.onnx"
+
+
+def _directory(directory: Path) -> Path:
+    path = directory / "a_directory.onnx"
+    path.mkdir()
+    return path
+
+
+def _symlink_loop(directory: Path) -> Path:
+    path = directory / "loop.onnx"
+    path.symlink_to(path.name)
+    return path
+
+
+def _dangling_symlink(directory: Path) -> Path:
+    path = directory / "dangling.json"
+    path.symlink_to(directory / "nowhere.json")
+    return path
+
+
+def _manifest(text: str) -> Maker:
+    def make(directory: Path) -> Path:
+        shutil.copy(MODEL, directory / "good_model.onnx")
+        shutil.copy(HINTS, directory / "good_golden.json")
+        return _write("shardcheck.toml", text)(directory)
+
+    return make
+
+
+_GOOD_ENTRY = '[[tool.shardcheck.models]]\npath = "good_model.onnx"\ngolden = "good_golden.json"\n'
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file that is wrong in every position it is tried in, but those in ``valid_as``."""
+
+    id: str
+    make: Maker
+    # What the line says, by the kind of file the position expects (model, hints, manifest).
+    says: dict[str, str] = field(default_factory=dict)
+    valid_as: frozenset[str] = frozenset()
+
+
+def _everywhere(text: str) -> dict[str, str]:
+    return {"model": text, "hints": text, "manifest": text}
+
+
+CORPUS: list[Entry] = [
+    # --- any kind of file
+    Entry("missing-file", _missing, _everywhere("no such file")),
+    Entry("directory", _directory, _everywhere("directory")),
+    Entry("empty-file", _write("empty.onnx", b""), {"model": "empty file", "hints": "empty"}),
+    Entry("whitespace-only", _write("blank.json", " \n\t\n"), {"hints": "empty file"}),
+    Entry("dev-null", lambda _d: Path(os.devnull), {"model": "empty file", "hints": "empty"}),
+    Entry("symlink-loop", _symlink_loop),
+    Entry("dangling-symlink", _dangling_symlink, _everywhere("no such file")),
+    Entry(
+        "random-bytes",
+        _write("random.onnx", random.Random(20240611).randbytes(4096)),
+        {"model": "not a readable ONNX model", "hints": "not UTF-8"},
+    ),
+    # --- ONNX that is wrong
+    Entry(
+        "truncated-onnx",
+        _write("truncated.onnx", MODEL.read_bytes()[: MODEL.stat().st_size // 2]),
+        {"model": "not a readable ONNX model", "hints": "not UTF-8"},
+    ),
+    Entry(
+        "protobuf-tensor-not-a-model",
+        _write(
+            "tensor.onnx",
+            numpy_helper.from_array(np.ones(3, np.float32), "x").SerializeToString(),
+        ),
+        {"model": "not a readable ONNX model"},
+    ),
+    Entry(
+        "protobuf-graph-not-a-model",
+        _write("graph.onnx", onnx.load(MODEL).graph.SerializeToString()),
+        {"model": "not an ONNX model"},
+    ),
+    Entry(
+        "fails-onnx-checker",
+        _model_with(lambda m: setattr(m.graph.node[0], "op_type", "NoSuchOp")),
+        {"model": "fails onnx.checker"},
+    ),
+    Entry(
+        "duplicate-node-names",
+        _model_with(_rename_two_nodes),
+        {"model": "duplicate node names 'same'"},
+    ),
+    Entry(
+        "external-data-outside",
+        lambda d: _nested(d, _model_with(_external("../../something"))),
+        {"model": "outside the model's directory; refused"},
+    ),
+    Entry(
+        "external-data-absolute",
+        _model_with(_external("/etc/passwd")),
+        {"model": "outside the model's directory; refused"},
+    ),
+    Entry(
+        "external-data-without-location",
+        _model_with(_external("")),
+        {"model": "external data has no location"},
+    ),
+    Entry(
+        "hints-given-as-model",
+        _write("attention_head.json", HINTS.read_text()),
+        {"model": "not a readable ONNX model"},
+        valid_as=frozenset({"hints"}),
+    ),
+    Entry(
+        "model-given-as-hints",
+        _write("model.json", MODEL.read_bytes()),
+        {"hints": "not UTF-8"},
+        valid_as=frozenset({"model"}),
+    ),
+    Entry("textproto-garbage", _write("m.textproto", "garbage {{"), {"model": "not a readable"}),
+    Entry("onnxtxt-garbage", _write("m.onnxtxt", "<ir_version: 8> g (float[N] X) => ("), {}),
+    # --- JSON that is wrong
+    Entry(
+        "json-syntax", _write("syntax.json", '{"parallelism": "CP",'), {"hints": "not valid JSON"}
+    ),
+    Entry("json-list", _write("list.json", "[1, 2]"), {"hints": "expected a JSON object"}),
+    Entry("json-empty-object", _write("obj.json", "{}"), {"hints": "missing 'polygraphy_class'"}),
+    Entry("json-nan", _write("nan.json", '{"k_seq_len_idx": NaN}'), {"hints": "NaN"}),
+    Entry(
+        "json-deep-nesting", _write("deep.json", "[" * 100_000 + "]" * 100_000), {"hints": "deep"}
+    ),
+    Entry(
+        "json-huge-integer-literal",
+        _write("bigint.json", '{"k_seq_len_idx": ' + "9" * 5000 + "}"),
+        {"hints": "not valid JSON"},
+    ),
+    Entry(
+        "json-utf8-bom",
+        _write("bom.json", b"\xef\xbb\xbf" + HINTS.read_bytes()),
+        {"hints": "BOM"},
+    ),
+    Entry(
+        "json-utf16", _write("utf16.json", HINTS.read_text().encode("utf-16")), {"hints": "UTF-8"}
+    ),
+    Entry(
+        "json-wrong-type",
+        _hints_with(lambda d: d.update(k_seq_len_idx="1")),
+        {"hints": 'k_seq_len_idx: expected an integer, got "1"'},
+    ),
+    Entry(
+        "json-wrong-shape",
+        _hints_with(lambda d: d.update(inputs={"name": "input"})),
+        {"hints": "inputs: expected a list"},
+    ),
+    Entry(
+        "unknown-polygraphy-class",
+        _hints_with(lambda d: d.update(polygraphy_class="Evil")),
+        {"hints": "polygraphy_class: expected 'ShardHints', got \"Evil\""},
+    ),
+    Entry(
+        "unknown-nested-polygraphy-class",
+        _hints_with(lambda d: d["inputs"][0].update(polygraphy_class="os.system")),
+        {"hints": "inputs[0].polygraphy_class: expected 'ShardTensor'"},
+    ),
+    Entry(
+        "missing-polygraphy-class",
+        _hints_with(lambda d: d["dist_collectives"].pop("polygraphy_class")),
+        {"hints": "dist_collectives: missing 'polygraphy_class'"},
+    ),
+    Entry(
+        "negative-index",
+        _hints_with(lambda d: d["inputs"][0].update(seq_len_idx=-1)),
+        {"hints": "inputs[0].seq_len_idx: expected an integer between 0 and 63, got -1"},
+    ),
+    Entry(
+        "huge-index",
+        _hints_with(lambda d: d.update(k_seq_len_idx=10**30)),
+        {"hints": "k_seq_len_idx: expected an integer between 0 and 63"},
+    ),
+    Entry(
+        "huge-rank",
+        _hints_with(lambda d: d["outputs"][0].update(rank=2**63)),
+        {"hints": "outputs[0].rank: expected an integer between 1 and 64"},
+    ),
+    Entry(
+        "float-index",
+        _hints_with(lambda d: d.update(v_seq_len_idx=1.0)),
+        {"hints": "v_seq_len_idx: expected an integer, got 1.0"},
+    ),
+    Entry(
+        "misspelt-key",
+        _hints_with(lambda d: d["inputs"][0].update(seq_len_index=1)),
+        {"hints": "inputs[0].seq_len_index: unknown key"},
+    ),
+    Entry(
+        "key-given-twice",
+        _write(
+            "twice.json", HINTS.read_text().replace('"kv_rank": 3', '"kv_rank": 3, "kv_rank": 2')
+        ),
+        {"hints": "kv_rank: key given twice"},
+    ),
+    Entry(
+        "lone-surrogate-name",
+        _hints_with(lambda d: d["inputs"][0].update(name="\ud800x")),
+        {"hints": "inputs[0].name: expected a tensor name, got invalid Unicode"},
+    ),
+    Entry(
+        "flat-format-wrong-type",
+        _write(
+            "flat.json",
+            json.dumps(
+                {
+                    **{k: v for k, v in _hints_doc().items() if k != "dist_collectives"},
+                    "group_size": "2",
+                }
+            ),
+        ),
+        {"hints": 'group_size: expected an integer, got "2"'},
+    ),
+    # --- manifests that are wrong
+    Entry("toml-syntax", _manifest("[[tool.shardcheck.models]\n"), {"manifest": "not valid TOML"}),
+    Entry(
+        "toml-no-table", _manifest("[tool.other]\nx = 1\n"), {"manifest": "no [tool.shardcheck]"}
+    ),
+    Entry(
+        "toml-models-wrong-type",
+        _manifest("[tool.shardcheck]\nmodels = 3\n"),
+        {"manifest": "tool.shardcheck.models"},
+    ),
+    Entry(
+        "toml-gen-option-out-of-range",
+        _manifest(_GOOD_ENTRY + "gen = { i-idx = 99999 }\n"),
+        {"manifest": "gen option 'i-idx': expected an integer between 0 and 63, got 99999"},
+    ),
+]
+
+
+SIMULATE_SETTINGS = ("--ranks", "2", "--seq-len", "8")
+
+
+def _positions(good: dict[str, Path], out: Path) -> dict[str, Callable[[Path], list[object]]]:
+    """Every command, and each position in it that reads a file: name -> argv for a file."""
+    model, hints = good["model"], good["hints"]
+    positions: dict[str, Callable[[Path], list[object]]] = {
+        "gen MODEL": lambda f: ["gen", f, "-o", out],
+        "verify MODEL": lambda f: ["verify", f, hints],
+        "verify HINTS": lambda f: ["verify", model, f],
+        "shard MODEL": lambda f: ["shard", f, hints, "-o", out],
+        "shard HINTS": lambda f: ["shard", model, f, "-o", out],
+        "diff GOLDEN": lambda f: ["diff", f, hints],
+        "diff CANDIDATE": lambda f: ["diff", hints, f],
+        "fmt HINTS": lambda f: ["fmt", f, "-o", out],
+        "check MANIFEST": lambda f: ["check", "--manifest", f],
+    }
+    if "simulate" in cli.commands:
+        positions["simulate MODEL"] = lambda f: ["simulate", f, hints, *SIMULATE_SETTINGS]
+        positions["simulate HINTS"] = lambda f: ["simulate", model, f, *SIMULATE_SETTINGS]
+    return positions
+
+
+# The kind of file that each position expects (an entry may be valid as one kind).
+POSITION_KINDS = {
+    "MODEL": "model",
+    "HINTS": "hints",
+    "GOLDEN": "hints",
+    "CANDIDATE": "hints",
+    "MANIFEST": "manifest",
+}
+ALL_POSITIONS = list(_positions({"model": MODEL, "hints": HINTS}, Path("out")))
+
+
+def _good_inputs(directory: Path) -> dict[str, Path]:
+    good = directory / "good"
+    good.mkdir()
+    shutil.copy(MODEL, good / "model.onnx")
+    shutil.copy(HINTS, good / "hints.json")
+    return {"model": good / "model.onnx", "hints": good / "hints.json"}
+
+
+def assert_one_clean_error(result: Result, *, names: str | None = None, says: str = "") -> str:
+    """Exit 2, and stderr is exactly one line 'shardcheck: error: ...' (no traceback)."""
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, f"exit {result.exit_code}, stderr {result.stderr!r}"
+    assert len(lines) == 1, f"expected one stderr line, got {result.stderr!r}"
+    line = lines[0]
+    assert line.startswith("shardcheck: error: "), line
+    assert "Traceback" not in line and "internal error" not in line, line
+    if names is not None:
+        assert names in line, f"{names!r} not named in {line!r}"
+    assert says in line, f"{says!r} not in {line!r}"
+    return line
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    """The bytes of every file under ``directory`` (to see that nothing changed)."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+# ------------------------------------------------------------------ the runner
+
+
+CASES = [
+    pytest.param(entry, position, id=f"{entry.id}:{position}")
+    for entry in CORPUS
+    for position in ALL_POSITIONS
+    if POSITION_KINDS[position.split()[1]] not in entry.valid_as
+]
+
+
+@pytest.mark.parametrize(("entry", "position"), CASES)
+def test_every_command_gives_one_clean_line_for_every_bad_file(
+    tmp_path: Path, entry: Entry, position: str
+) -> None:
+    good = _good_inputs(tmp_path)
+    out = tmp_path / "out" / "written"
+    out.parent.mkdir()
+    bad = entry.make(tmp_path)
+    before = _snapshot(tmp_path)
+
+    result = run_cli(*_positions(good, out)[position](bad))
+
+    kind = POSITION_KINDS[position.split()[1]]
+    assert_one_clean_error(result, names=bad.name, says=entry.says.get(kind, ""))
+    assert _snapshot(tmp_path) == before, "a bad input changed or left a file"
+
+
+def test_the_corpus_covers_every_command() -> None:
+    commands = {position.split()[0] for position in ALL_POSITIONS}
+    assert set(cli.commands) <= commands | {"simulate"}, "add the new command to _positions"
+    assert {"gen", "verify", "diff", "check", "shard"} <= commands
+
+
+# ------------------------------------------------------------------ output paths
+
+
+def _unwritable_directory(directory: Path) -> Path:
+    """A directory where no file can be created, even by root (CI runs as root)."""
+    if os.geteuid() != 0:
+        locked = directory / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        return locked
+    for candidate in (Path("/sys"), Path("/proc")):
+        try:
+            handle, name = tempfile.mkstemp(dir=candidate)
+        except OSError:
+            return candidate
+        os.close(handle)
+        os.unlink(name)
+    pytest.skip("no unwritable directory on this machine")
+
+
+def _save_with_external_weights(directory: Path) -> tuple[Path, Path]:
+    model = onnx.load(MODEL)
+    path = directory / "external.onnx"
+    onnx.save_model(
+        model, path, save_as_external_data=True, location="external.onnx.data", size_threshold=0
+    )
+    return path, directory / "external.onnx.data"
+
+
+# name -> (commands it applies to, where the output goes given (tmp, good inputs), says)
+OUTPUTS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict[str, Path]], str], str]] = {
+    "missing-directory": (
+        ("gen", "shard", "fmt", "check"),
+        lambda d, g: str(d / "no_such_dir" / "out"),
+        "directory",
+    ),
+    "parent-is-a-file": (
+        ("gen", "shard", "fmt", "check"),
+        lambda d, g: str(g["model"] / "out"),
+        "is not a directory",
+    ),
+    "is-a-directory": (("gen", "shard", "fmt", "check"), lambda d, g: str(d), "directory"),
+    "empty-path": (("gen", "shard", "fmt", "check"), lambda d, g: "", "empty"),
+    "not-writable": (
+        ("gen", "shard", "fmt", "check"),
+        lambda d, g: str(_unwritable_directory(d) / "out.json"),
+        "cannot write",
+    ),
+    "same-as-model": (("gen", "shard"), lambda d, g: str(g["model"]), "is the input model"),
+    "same-as-hints": (("shard",), lambda d, g: str(g["hints"]), "is the hints file"),
+    "same-as-weight-file": (("gen", "shard"), lambda d, g: str(g["weights"]), "weight file"),
+}
+
+
+def _output_argv(command: str, good: dict[str, Path], output: str) -> list[object]:
+    if command == "gen":
+        return ["gen", good["model"], "-o", output]
+    if command == "shard":
+        return ["shard", good["model"], good["hints"], "-o", output]
+    if command == "fmt":
+        return ["fmt", good["hints"], "-o", output]
+    return ["check", "--manifest", good["manifest"], "--report", output]
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        pytest.param(name, command, id=f"{name}:{command}")
+        for name, (commands, _, _) in OUTPUTS.items()
+        for command in commands
+    ],
+)
+def test_bad_output_paths_are_one_clean_line_and_change_nothing(
+    tmp_path: Path, name: str, command: str
+) -> None:
+    good_dir = tmp_path / "good"
+    good_dir.mkdir()
+    model, weights = _save_with_external_weights(good_dir)
+    shutil.copy(HINTS, good_dir / "hints.json")
+    manifest = good_dir / "shardcheck.toml"
+    manifest.write_text(
+        '[[tool.shardcheck.models]]\npath = "external.onnx"\ngolden = "hints.json"\n'
+    )
+    good = {"model": model, "hints": good_dir / "hints.json", "weights": weights}
+    good["manifest"] = manifest
+    _, where, says = OUTPUTS[name]
+    output = where(tmp_path, good)
+    before = _snapshot(tmp_path)
+
+    result = run_cli(*_output_argv(command, good, output))
+
+    line = assert_one_clean_error(result, says=says)
+    if output:  # the output, or (shard) the first weight file it would copy next to it
+        assert str(Path(output).parent) in line
+    assert _snapshot(tmp_path) == before, "a failed write changed a file or left a temporary"
+
+
+# ------------------------------------------------------------------ options and run settings
+
+
+def _model_with_negative_dim(directory: Path) -> Path:
+    model = onnx.load(MODEL)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    path = directory / "negative_dim.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+HUGE = str(10**11)
+
+# (argv with MODEL/HINTS placeholders, what the line says). Each is exit 2 and one line.
+OPTIONS: list[tuple[list[str], str]] = [
+    (["gen", "MODEL", "-o", "-", "--i-idx", "-1"], "--i-idx: expected an integer between 0"),
+    (["gen", "MODEL", "-o", "-", "--i-idx", "99999"], "got 99999"),
+    (["gen", "MODEL", "-o", "-", "--o-idx", str(10**30)], "--o-idx"),
+    (["gen", "MODEL", "-o", "-", "--k-idx", "64"], "--k-idx"),
+    (["gen", "MODEL", "-o", "-", "--kv-rank", "65"], "--kv-rank"),
+    (["gen", "MODEL", "-o", "-", "--nb-rank", "0"], "--nb-rank"),
+    (["gen", "MODEL", "-o", "-", "--root", "-2"], "--root"),
+    (["gen", "MODEL", "-o", "-", "--gpus", "-1"], "--gpus"),
+    (["gen", "MODEL", "-o", "-", "--groups", HUGE], "--groups"),
+    (["gen", "MODEL", "-o", "-", "--cp-type", "fused", "--q-shuffle", "65"], "--q-shuffle"),
+    (["gen", "MODEL", "-o", "-", "--parallelism", "XP"], "--parallelism"),
+    (["gen", "MODEL"], "-o"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", "8"], "at least two"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", "0,8"], "positive"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", "a,b"], "--seq-lens"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", f"8,{HUGE}"], f"sequence length {HUGE}"),
+    (["verify", "MODEL", "HINTS", "--dim", f"batch={HUGE}"], f"batch={HUGE}"),
+    (["verify", "MODEL", "HINTS", "--dim", "nosuch=3"], "nosuch"),
+    (["verify", "MODEL", "HINTS", "--dim", "batch"], "--dim"),
+    (["verify", "MODEL", "HINTS", "--seed", "-1"], "--seed -1"),
+    (["verify", "MODEL", "HINTS", "--timeout", "0"], "--timeout"),
+    (["verify", "MODEL", "HINTS", "--timeout", "nan"], "--timeout nan"),
+    (["verify", "MODEL", "HINTS", "--timeout", "inf"], "--timeout inf"),
+    (["verify", "MODEL", "HINTS", "--ranks", "3"], "--ranks 3"),
+    (["verify", "NEGDIM", "HINTS"], "negative size -1"),
+    (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "7"], "--seq-len 7"),
+    (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", HUGE], f"length {HUGE}"),
+    (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--seed", "-1"], "--seed"),
+    (["shard", "MODEL", "UNFIT", "-o", "OUT"], "'nope' is not in the model"),
+    (["diff", "HINTS"], "CANDIDATE"),
+    (["check", "--manifest", "NOWHERE"], "no such file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), OPTIONS, ids=[" ".join(a) for a, _ in OPTIONS])
+def test_bad_options_and_run_settings_are_one_clean_line(
+    tmp_path: Path, argv: list[str], says: str
+) -> None:
+    if argv[0] not in cli.commands:
+        pytest.skip(f"{argv[0]} is not a command of this shardcheck")
+    unfit = tmp_path / "unfit.json"
+    unfit.write_text(HINTS.read_text().replace('"name": "input"', '"name": "nope"'))
+    values = {
+        "MODEL": MODEL,
+        "HINTS": HINTS,
+        "UNFIT": unfit,
+        "NEGDIM": _model_with_negative_dim(tmp_path),
+        "OUT": tmp_path / "out.onnx",
+        "NOWHERE": tmp_path / "nowhere.toml",
+    }
+    result = run_cli(*[values.get(arg, arg) for arg in argv])
+    assert_one_clean_error(result, says=says)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_hints_that_do_not_fit_the_model_are_findings_of_verify(tmp_path: Path) -> None:
+    """Well-formed hints that name a tensor the model lacks: exit 1, not an input error."""
+    unfit = tmp_path / "unfit.json"
+    unfit.write_text(HINTS.read_text().replace('"name": "input"', '"name": "nope"'))
+    result = run_cli("verify", MODEL, unfit)
+    assert result.exit_code == 1
+    assert "SC102" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    bad = _write("syntax.json", "{")(tmp_path)
+    result = run_cli("--debug", "diff", bad, HINTS)
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("shardcheck: error: ")
+
+
+def test_a_real_process_gives_the_same_answer(tmp_path: Path) -> None:
+    """The installed entry point (not CliRunner): real exit codes, real stderr."""
+    for entry_id, argv in (
+        ("random-bytes", ["gen", "BAD", "-o", "-"]),
+        ("lone-surrogate-name", ["diff", str(HINTS), "BAD"]),
+        ("onnxtxt-garbage", ["verify", "BAD", str(HINTS)]),
+    ):
+        entry = next(e for e in CORPUS if e.id == entry_id)
+        bad = entry.make(tmp_path)
+        process = subprocess.run(
+            [sys.executable, "-m", "shardcheck", *(str(bad) if a == "BAD" else a for a in argv)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert process.returncode == 2, process.stderr
+        assert process.stdout == ""
+        assert len(process.stderr.splitlines()) == 1, process.stderr
+        assert process.stderr.startswith(f"shardcheck: error: {bad}: ")
+
+
+# ------------------------------------------------------------------ external data, never opened
+
+# A script run in a child process: every command on a model whose external data is a FIFO.
+# Opening a FIFO for reading blocks until a writer comes, and none ever does: if any command
+# opened it, the child would hang and be killed by the timeout.
+_NEVER_OPENED = """
+import json, sys
+from click.testing import CliRunner
+from shardcheck.cli import cli
+model, hints, out, manifest = sys.argv[1:5]
+runs = {
+    "gen": ["gen", model, "-o", out],
+    "verify": ["verify", model, hints],
+    "shard": ["shard", model, hints, "-o", out],
+    "simulate": ["simulate", model, hints, "--ranks", "2", "--seq-len", "8"],
+    "check": ["check", "--manifest", manifest],
+}
+results = {}
+for name, argv in runs.items():
+    if argv[0] in cli.commands:
+        r = CliRunner().invoke(cli, argv, catch_exceptions=False)
+        results[name] = [r.exit_code, r.stderr, r.stdout]
+print(json.dumps(results))
+"""
+
+
+def _fifo_model(tmp_path: Path, location: str) -> tuple[Path, Path]:
+    """tmp/outside/fifo (the FIFO) and tmp/project/models/model.onnx pointing at ``location``."""
+    fifo = tmp_path / "outside" / "fifo"
+    fifo.parent.mkdir(exist_ok=True)
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    models = tmp_path / "project" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    model = models / "model.onnx"
+    _model_with(_external(location.replace("FIFO", str(fifo))))(models).rename(model)
+    return model, fifo
+
+
+def _run_child(tmp_path: Path, model: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    manifest = model.parent / "shardcheck.toml"
+    manifest.write_text(f'[[tool.shardcheck.models]]\npath = "{model.name}"\ngolden = "g.json"\n')
+    argv = [str(model), str(HINTS), str(tmp_path / "o"), str(manifest)]
+    return subprocess.run(
+        [sys.executable, "-c", _NEVER_OPENED, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["../../outside/fifo", "FIFO", "models/../../../outside/fifo", "link_to_fifo"],
+    ids=["relative", "absolute", "climbing", "symlink-inside"],
+)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_external_data_outside_is_refused_without_opening_it(tmp_path: Path, location: str) -> None:
+    model, fifo = _fifo_model(tmp_path, location)
+    if location == "link_to_fifo":
+        (model.parent / "link_to_fifo").symlink_to(fifo)
+
+    child = _run_child(tmp_path, model, timeout=60)  # a hang would end in TimeoutExpired
+
+    assert child.returncode == 0, child.stderr
+    results = json.loads(child.stdout)
+    assert {"gen", "verify", "shard", "check"} <= set(results)
+    for name, (code, stderr, stdout) in results.items():
+        message = stderr if name != "check" else stdout
+        assert "outside the model's directory; refused" in message, (name, stderr, stdout)
+        if name == "check":
+            assert code == 1  # a model of the manifest that fails is a failed entry
+        else:
+            assert code == 2 and len(stderr.splitlines()) == 1, (name, stderr)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_the_fifo_proof_would_see_an_open(tmp_path: Path) -> None:
+    """Control: a command that does open the FIFO (read as a hints file, as a pipe is) hangs
+    and meets the timeout. So the test above would have seen an open of the outside target."""
+    _, fifo = _fifo_model(tmp_path, "../../outside/fifo")
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(
+            [sys.executable, "-m", "shardcheck", "diff", str(fifo), str(HINTS)],
+            capture_output=True,
+            timeout=3,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
