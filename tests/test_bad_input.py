@@ -30,10 +30,10 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import Result
+from conftest import FIXTURES, GOLDEN, ROOT, run_cli
 from onnx import TensorProto, numpy_helper
 
 from shardcheck.cli import cli
-from tests.conftest import FIXTURES, GOLDEN, ROOT, run_cli
 
 MODEL = FIXTURES / "attention_head.onnx"
 HINTS = GOLDEN / "attention_head.json"
