@@ -1,24 +1,49 @@
 """Reading ONNX models without their weights, and refusing what cannot be used.
 
-gen needs the graph, not the weights: external data files are never opened here. Their
-locations are still checked, so that a model pointing outside its own directory is refused
-before anything else (verify or shard) would follow the path.
+gen needs the graph, not the weights: external data files are never opened here, and need not
+exist. Their locations are still checked, so that a model pointing outside its own directory is
+refused before anything else (verify or shard) would follow the path.
+
+The file is read once: the bytes are parsed, and the same bytes are given to ``onnx.checker``
+(``check_model(model)`` would serialize the whole model, weights included, only for the checker
+to parse it again). A model with external data is checked with each external tensor replaced by
+an empty stand-in: the checker would otherwise look for the data file relative to the current
+directory. Everything the checker says about an external tensor except that its file exists is
+checked here instead (see ``_check_external_tensor``).
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
 from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
+from onnx import serialization
 
 from shardcheck.errors import ModelError
 from shardcheck.graph import GraphIndex
 
 _MISSING_SHAPE = "Field 'shape' of 'type' is required but missing"
+_PROTOBUF = "protobuf"
+# The value fields of a TensorProto; an external tensor must have none of them.
+_VALUE_FIELDS = (
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "raw_data",
+    "double_data",
+    "uint64_data",
+)
+_TENSOR = onnx.AttributeProto.TENSOR
+_TENSORS = onnx.AttributeProto.TENSORS
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+_NESTED = frozenset((_TENSORS, _GRAPH, _GRAPHS))
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -33,7 +58,11 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         size = file.stat().st_size
         if size == 0:
             raise ModelError(f"{source}: empty file, expected an ONNX model")
-        model = onnx.load(str(file), load_external_data=False)
+        serialized = file.read_bytes()
+        model_format = _format_of(file)
+        model = serialization.registry.get(model_format).deserialize_proto(
+            serialized, onnx.ModelProto()
+        )
     except ModelError:
         raise
     except PermissionError:
@@ -56,9 +85,12 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         ) from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{source}: not an ONNX model (the protobuf has no graph or IR version)")
-    check_external_data(model, file)
-    _check_model(model, source)
-    _check_unique_node_names(model, source)
+    duplicate_names, external = _scan(model)
+    _check_external_tensors(external, file)
+    checker_input = serialized if model_format == _PROTOBUF and not external else None
+    del serialized
+    _check_model(model, source, checker_input, has_external=bool(external))
+    _refuse_duplicate_names(duplicate_names, source)
     return model
 
 
@@ -66,47 +98,159 @@ def load_index(path: str | os.PathLike[str]) -> GraphIndex:
     return GraphIndex(read_model(path), source=str(path))
 
 
-def check_external_data(model: onnx.ModelProto, file: Path) -> None:
-    """Refuse external data that points outside the model's directory (never opens it)."""
-    base = file.resolve().parent
-    for tensor in _external_tensors(model):
-        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-        if location is None:
-            raise ModelError(f"{file}: initializer {tensor.name!r}: external data has no location")
-        target = (base / location).resolve()
-        if Path(location).is_absolute() or not target.is_relative_to(base):
-            raise ModelError(
-                f"{file}: initializer {tensor.name!r}: external data location {location!r} is "
-                "outside the model's directory; refused"
-            )
+def _format_of(file: Path) -> str:
+    """The serialization format ``onnx.load`` would use for this file (by its extension)."""
+    return serialization.registry.get_format_from_file_extension(file.suffix) or _PROTOBUF
 
 
-def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    tensors = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    for node in model.graph.node:
+def check_external_data(model: onnx.ModelProto, file: Path) -> list[onnx.TensorProto]:
+    """Refuse external data that points outside the model's directory (never opens it).
+
+    Returns the external tensors (initializers and tensor attributes, subgraphs included).
+    """
+    external = [tensor for tensor in _dense_tensors(model) if tensor.data_location == _EXTERNAL]
+    _check_external_tensors(external, file)
+    return external
+
+
+def _scan(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
+    """One pass over the main graph's nodes: duplicate node names and external tensors.
+
+    The same tensors, in the same order, as ``_dense_tensors`` gives with an external location.
+    """
+    graph = model.graph
+    external = [t for t in graph.initializer if t.data_location == _EXTERNAL]
+    seen: set[str] = set()
+    duplicates: set[str] = set()
+    for node in graph.node:
+        name = node.name
+        if name:
+            if name in seen:
+                duplicates.add(name)
+            else:
+                seen.add(name)
         for attribute in node.attribute:
-            if attribute.HasField("t") and attribute.t.data_location == onnx.TensorProto.EXTERNAL:
-                tensors.append(attribute.t)
-    return tensors
+            kind = attribute.type
+            if kind == _TENSOR:
+                if attribute.t.data_location == _EXTERNAL:
+                    external.append(attribute.t)
+            elif kind in _NESTED:
+                external.extend(
+                    t for t in _attribute_tensors(attribute) if t.data_location == _EXTERNAL
+                )
+    for function in model.functions:
+        external.extend(t for t in _node_tensors(function.node) if t.data_location == _EXTERNAL)
+    return duplicates, external
 
 
-def _check_model(model: onnx.ModelProto, source: str) -> None:
+def _check_external_tensors(external: list[onnx.TensorProto], file: Path) -> None:
+    if not external:
+        return
+    base = file.resolve().parent
+    inside: dict[str, bool] = {}  # location -> inside the model's directory
+    for tensor in external:
+        _check_external_tensor(tensor, file, base, inside)
+
+
+def _check_external_tensor(
+    tensor: onnx.TensorProto, file: Path, base: Path, inside: dict[str, bool]
+) -> None:
+    """What ``onnx.checker`` checks of an external tensor, but the existence of its file."""
+    for name in _VALUE_FIELDS:
+        if len(getattr(tensor, name)):
+            raise ModelError(
+                f"{file}: fails onnx.checker: Data of TensorProto ( tensor name: {tensor.name}) "
+                f"is stored externally and should not have data field.{name}"
+            )
+    location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+    if not location:
+        raise ModelError(f"{file}: initializer {tensor.name!r}: external data has no location")
+    if location not in inside:
+        inside[location] = not (
+            Path(location).is_absolute()
+            or ".." in os.path.normpath(location)
+            or not (base / location).resolve().is_relative_to(base)
+        )
+    if not inside[location]:
+        raise ModelError(
+            f"{file}: initializer {tensor.name!r}: external data location {location!r} is "
+            "outside the model's directory; refused"
+        )
+
+
+def _dense_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model's graphs and functions, in a fixed order."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        yield from _node_tensors(function.node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        for attribute in node.attribute:
+            yield from _attribute_tensors(attribute)
+
+
+def _attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    kind = attribute.type
+    if kind == _TENSOR:
+        yield attribute.t
+    elif kind == _TENSORS:
+        yield from attribute.tensors
+    elif kind == _GRAPH:
+        yield from _graph_tensors(attribute.g)
+    elif kind == _GRAPHS:
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
+
+
+def _copy_for_checker(model: onnx.ModelProto, has_external: bool) -> onnx.ModelProto:
+    """A copy in which every external tensor is an empty tensor of the same name and type."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if not has_external:
+        return copy
+    for tensor in _dense_tensors(copy):
+        if tensor.data_location == _EXTERNAL:
+            tensor.ClearField("external_data")
+            tensor.ClearField("data_location")
+            del tensor.dims[:]
+            tensor.dims.append(0)
+    return copy
+
+
+def _check_model(
+    model: onnx.ModelProto,
+    source: str,
+    serialized: bytes | None = None,
+    *,
+    has_external: bool = False,
+) -> None:
+    """``onnx.checker.check_model``; ``serialized``, when given, must be the model's bytes."""
+    if has_external:
+        checked: onnx.ModelProto | bytes = _copy_for_checker(model, has_external)
+    else:
+        checked = serialized if serialized is not None else model
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         # Polygraphy's own test models declare inputs without shapes; newer checkers reject
         # that, although every consumer of the model accepts it. Only that one rule is waived.
-        if _MISSING_SHAPE in first and _passes_with_shapes(model):
+        if _MISSING_SHAPE in first and _passes_with_shapes(model, has_external):
             return
         raise ModelError(f"{source}: fails onnx.checker: {first}") from None
     except (ValueError, RuntimeError) as exc:
         raise ModelError(f"{source}: fails onnx.checker: {exc}") from None
 
 
-def _passes_with_shapes(model: onnx.ModelProto) -> bool:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+def _passes_with_shapes(model: onnx.ModelProto, has_external: bool) -> bool:
+    copy = _copy_for_checker(model, has_external)
     graph = copy.graph
     for info in (*graph.input, *graph.output, *graph.value_info):
         tensor_type = info.type.tensor_type
@@ -119,12 +263,11 @@ def _passes_with_shapes(model: onnx.ModelProto) -> bool:
     return True
 
 
-def _check_unique_node_names(model: onnx.ModelProto, source: str) -> None:
-    counts = Counter(node.name for node in model.graph.node if node.name)
-    duplicates = sorted(name for name, count in counts.items() if count > 1)
+def _refuse_duplicate_names(duplicates: set[str], source: str) -> None:
     if duplicates:
-        shown = ", ".join(repr(d) for d in duplicates[:5])
-        more = f" and {len(duplicates) - 5} more" if len(duplicates) > 5 else ""
+        ordered = sorted(duplicates)
+        shown = ", ".join(repr(d) for d in ordered[:5])
+        more = f" and {len(ordered) - 5} more" if len(ordered) > 5 else ""
         raise ModelError(
             f"{source}: duplicate node names {shown}{more}; node names must be unique "
             "(Polygraphy's shard tools abort on them too)"
