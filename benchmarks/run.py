@@ -1,0 +1,852 @@
+"""The performance benchmark of shardcheck: gen against Polygraphy, verify, the CP simulation.
+
+    python benchmarks/run.py                    # everything, writes benchmarks/RESULTS.md
+    python benchmarks/run.py --quick            # depths 12 and 48, one repeat, no big model
+
+It builds (or reuses) the models of ``build_models.py`` in ``--out`` and prints one markdown
+table, with notes on linearity, the external-weights model and the targets of the performance
+issue; the same text goes to ``benchmarks/RESULTS.md`` with the machine it was taken on.
+
+How each figure is taken:
+
+* whole process: ``python -m shardcheck gen MODEL -o OUT`` and ``polygraphy template
+  shard-hints MODEL -o OUT.json`` as child processes, paired and alternating (gen, Polygraphy,
+  gen, Polygraphy, ...), ``--repeats`` pairs per model, median wall time; peak memory is the
+  child's ``ru_maxrss`` from ``os.wait4``. Polygraphy's log goes to /dev/null. The children run
+  in a scratch directory, not in the model's.
+* in process: ``onnx.load(path, load_external_data=False)`` against what gen does after the
+  parse, run here the way ``shardcheck gen`` runs it: the rest of ``read_model`` (its checks:
+  ``read_model`` time minus the parse time of the same round), ``GraphIndex`` and ``generate``
+  with default options (and the hints serialized); median over ``--repeats`` rounds (at least 3).
+* external weights: gen's peak memory on the big model; that the weight file is never opened is
+  shown by tracing gen's ``open``/``openat`` calls with strace when it is installed, and by running
+  gen with the weight file renamed away (it must succeed and write the same hints).
+* verify: ``shardcheck.verify.verify`` on the hints gen wrote, timed whole, against the time
+  spent inside onnxruntime (session creation + runs, measured by wrapping
+  ``onnxruntime.InferenceSession``).
+* simulation: ``shardcheck.simulate.simulate`` with ``--ranks`` ranks, against one inference of
+  the model (an onnxruntime session made and run once, options as shardcheck's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+try:
+    from benchmarks import build_models
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import build_models  # type: ignore[no-redef]
+
+BuiltModel = build_models.BuiltModel
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+MIB = 1024  # ru_maxrss is in KiB on Linux
+PACKAGES = (
+    "shardcheck",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "protobuf",
+    "polygraphy",
+    "onnx_graphsurgeon",
+)
+NOT_AVAILABLE = "not available yet"
+
+# The targets of the performance issue.
+SPEEDUP_TARGET = 10.0  # gen vs Polygraphy, whole process, on the 32k-node graph
+ANALYSIS_TARGET = 2.0  # gen's analysis after the parse, in units of onnx.load
+LINEARITY_TARGET = 1.2  # time per node, deepest vs shallowest
+BIG_MEMORY_TARGET_MIB = 200.0
+VERIFY_TARGET = 1.2  # whole verify vs the onnxruntime work it does
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    seconds: float
+    peak_kib: int
+    returncode: int
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """Medians in seconds: parse, and what gen does after it."""
+
+    load: float
+    checks: float
+    index: float
+    generate: float
+
+    @property
+    def analysis(self) -> float:
+        return self.checks + self.index + self.generate
+
+
+@dataclass
+class ModelResult:
+    model: BuiltModel
+    in_process: InProcess | None = None
+    gen: list[ChildRun] = field(default_factory=list)
+    polygraphy: list[ChildRun] | None = None
+    hints: Path | None = None
+    verify: str = "-"
+    verify_ratio: float | None = None
+    simulate: str = "-"
+    simulate_ratio: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class BigModelProof:
+    lines: tuple[str, ...]
+    never_opened: bool
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def environment() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = []
+    for package in PACKAGES:
+        with contextlib.suppress(Exception):
+            from importlib.metadata import version
+
+            name = package.replace("_", "-")
+            versions.append(f"{package} {version(name)}")
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = " + uncommitted changes" if _git("status", "--porcelain", "--", "shardcheck") else ""
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": f"{platform.machine()}, {cpu}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "packages": ", ".join(versions),
+        "shardcheck": f"{commit or 'unknown'}{dirty}",
+    }
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
+def find_polygraphy() -> str | None:
+    """Polygraphy's command on PATH, or next to this Python (a virtualenv's bin)."""
+    beside = Path(sys.executable).parent / "polygraphy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("polygraphy")
+
+
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+# The children are started by this small helper process and not by the benchmark itself: a
+# child's ru_maxrss counts the memory of the process that forked it (Linux keeps the high-water
+# mark across exec), and the benchmark holds hundreds of MB of models. The helper stays small.
+LAUNCHER = r"""
+import json, os, sys, time
+for line in sys.stdin:
+    request = json.loads(line)
+    os.chdir(request["cwd"])
+    err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_DUP2, err, 2),
+        (os.POSIX_SPAWN_CLOSE, err),
+    ]
+    started = time.perf_counter()
+    pid = os.posix_spawnp(request["argv"][0], request["argv"], request["env"], file_actions=actions)
+    _, status, usage = os.wait4(pid, 0)
+    seconds = time.perf_counter() - started
+    os.close(err)
+    reply = {"seconds": seconds, "maxrss": usage.ru_maxrss,
+             "code": os.waitstatus_to_exitcode(status)}
+    print(json.dumps(reply), flush=True)
+"""
+
+
+class Launcher:
+    """Runs commands from a small helper process; wall time and ``os.wait4``'s ru_maxrss."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        # Bytecode caching on, as in a normal install (this sandbox sets
+        # PYTHONDONTWRITEBYTECODE, which would make every gen run compile shardcheck again).
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        self.env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
+        self.process = subprocess.Popen(
+            [sys.executable, "-S", "-c", LAUNCHER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, argv: Sequence[str], cwd: Path) -> ChildRun:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        stderr = self.scratch / "child.stderr"
+        request = {"argv": list(argv), "cwd": str(cwd), "env": self.env, "stderr": str(stderr)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        reply = json.loads(self.process.stdout.readline())
+        text = stderr.read_text(errors="replace") if stderr.exists() else ""
+        return ChildRun(reply["seconds"], int(reply["maxrss"]), int(reply["code"]), text[-2000:])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def gen_command(model: Path, output: Path) -> list[str]:
+    return [sys.executable, "-m", "shardcheck", "gen", str(model), "-o", str(output)]
+
+
+def polygraphy_command(polygraphy: str, model: Path, output: Path) -> list[str]:
+    return [polygraphy, "template", "shard-hints", str(model), "-o", str(output)]
+
+
+def measure_processes(
+    launcher: Launcher, model: BuiltModel, polygraphy: str | None, repeats: int, scratch: Path
+) -> tuple[list[ChildRun], list[ChildRun] | None, Path]:
+    """gen and Polygraphy as child processes, paired and alternating (A B A B ...)."""
+    hints = scratch / f"{model.name}.gen.json"
+    theirs = scratch / f"{model.name}.polygraphy.json"
+    gen_runs: list[ChildRun] = []
+    polygraphy_runs: list[ChildRun] | None = [] if polygraphy else None
+    for _ in range(repeats):
+        gen_runs.append(launcher.run(gen_command(model.path, hints), scratch))
+        if polygraphy and polygraphy_runs is not None:
+            polygraphy_runs.append(
+                launcher.run(polygraphy_command(polygraphy, model.path, theirs), scratch)
+            )
+    return gen_runs, polygraphy_runs, hints
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def measure_in_process(model: BuiltModel, repeats: int) -> InProcess:
+    """onnx.load against gen's own steps after the parse, as ``shardcheck gen`` runs them."""
+    from shardcheck.generate import generate
+    from shardcheck.graph import GraphIndex
+    from shardcheck.hints import dumps
+    from shardcheck.loader import read_model
+    from shardcheck.options import GenOptions
+
+    path = str(model.path)
+    loads, checks, indexes, generates = [], [], [], []
+    for _ in range(max(3, repeats)):
+        gc.collect()
+        started = time.perf_counter()
+        parsed = onnx.load(path, load_external_data=False)
+        load = time.perf_counter() - started
+        del parsed
+        gc.collect()
+        started = time.perf_counter()
+        proto = read_model(path)
+        read = time.perf_counter() - started
+        started = time.perf_counter()
+        index = GraphIndex(proto, source=path)
+        indexed = time.perf_counter() - started
+        started = time.perf_counter()
+        dumps(generate(index, GenOptions()).hints)
+        generated = time.perf_counter() - started
+        del proto, index
+        loads.append(load)
+        checks.append(max(0.0, read - load))
+        indexes.append(indexed)
+        generates.append(generated)
+    median = statistics.median
+    return InProcess(median(loads), median(checks), median(indexes), median(generates))
+
+
+def checker_share(results: Sequence[ModelResult]) -> str | None:
+    """onnx.checker alone on the largest model with inline weights, against onnx.load."""
+    inline = [r for r in results if r.model.external_file is None and r.in_process is not None]
+    if not inline:
+        return None
+    result = max(inline, key=lambda r: r.model.nodes)
+    assert result.in_process is not None
+    serialized = result.model.path.read_bytes()
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        onnx.checker.check_model(serialized)
+        times.append(time.perf_counter() - started)
+    checker = statistics.median(times)
+    inner = result.in_process
+    return (
+        f"onnx.checker alone (on the file's bytes, as read_model runs it) on "
+        f"{result.model.name}: {_s(checker)}, {checker / inner.load:.1f}x onnx.load, of the "
+        f"{_s(inner.checks)} of read_model's checks"
+    )
+
+
+# --------------------------------------------------------------------------- big model
+
+
+def prove_weights_unopened(launcher: Launcher, model: BuiltModel, scratch: Path) -> BigModelProof:
+    """Trace gen's opens (strace, when installed) and run it with the weight file moved away."""
+    assert model.external_file is not None
+    weights = model.external_file
+    lines: list[str] = []
+    never_opened = True
+    reference = scratch / "big.reference.json"
+    first = launcher.run(gen_command(model.path, reference), scratch)
+    if not first.ok:
+        return BigModelProof((f"gen failed on the big model: {first.stderr.strip()}",), False)
+
+    strace = shutil.which("strace")
+    if strace:
+        log = scratch / "gen.strace"
+        traced = launcher.run(
+            [strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(log)]
+            + gen_command(model.path, scratch / "big.traced.json"),
+            scratch,
+        )
+        opens = log.read_text(errors="replace").splitlines() if log.exists() else []
+        of_weights = [line for line in opens if weights.name in line]
+        of_model = [line for line in opens if model.path.name in line]
+        if traced.ok and of_model:
+            never_opened &= not of_weights
+            lines.append(
+                f"strace: gen made {len(opens)} open/openat calls, {len(of_model)} of "
+                f"{model.path.name} and {len(of_weights)} of {weights.name}"
+            )
+        else:
+            lines.append(f"strace could not trace gen (exit {traced.returncode}); not used")
+    else:
+        lines.append("strace is not installed (apt-get install strace); not used")
+
+    moved = weights.with_name(weights.name + ".moved-away")
+    moved_hints = scratch / "big.moved.json"
+    weights.rename(moved)
+    try:
+        without = launcher.run(gen_command(model.path, moved_hints), scratch)
+    finally:
+        moved.rename(weights)
+    same = without.ok and moved_hints.read_bytes() == reference.read_bytes()
+    never_opened &= same
+    lines.append(
+        f"{weights.name} renamed away: gen exit {without.returncode}, "
+        + ("the same hints" if same else "DIFFERENT hints or failure: " + without.stderr.strip())
+    )
+    return BigModelProof(tuple(lines), never_opened)
+
+
+# --------------------------------------------------------------------------- verify, simulate
+
+
+@contextlib.contextmanager
+def onnxruntime_clock() -> Iterator[dict[str, float]]:
+    """Seconds spent creating onnxruntime sessions and in ``run``, while the block runs."""
+    import onnxruntime
+
+    spent = {"sessions": 0.0, "runs": 0.0, "run_calls": 0.0}
+    cls = onnxruntime.InferenceSession
+    original_init, original_run = cls.__init__, cls.run
+
+    def timed_init(self: object, *args: object, **kwargs: object) -> None:
+        started = time.perf_counter()
+        try:
+            original_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            spent["sessions"] += time.perf_counter() - started
+
+    def timed_run(self: object, *args: object, **kwargs: object) -> object:
+        started = time.perf_counter()
+        try:
+            return original_run(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            spent["runs"] += time.perf_counter() - started
+            spent["run_calls"] += 1
+
+    cls.__init__, cls.run = timed_init, timed_run  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        cls.__init__, cls.run = original_init, original_run  # type: ignore[method-assign]
+
+
+def measure_verify(model: BuiltModel, hints: Path) -> tuple[str, float | None]:
+    """Whole ``verify`` against the onnxruntime work inside it."""
+    if not module_available("shardcheck.verify"):
+        return NOT_AVAILABLE, None
+    try:
+        from shardcheck.verify import verify
+
+        with onnxruntime_clock() as spent:
+            started = time.perf_counter()
+            report = verify(model.path, hints)
+            whole = time.perf_counter() - started
+    except Exception as exc:  # the module is being written; show why it did not run
+        return f"error: {type(exc).__name__}: {exc}"[:120], None
+    ort = spent["sessions"] + spent["runs"]
+    ratio = whole / ort if ort else None
+    status = "" if getattr(report, "ok", True) else ", report not ok"
+    return (
+        f"{_s(whole)} whole, ORT {_s(ort)} ({int(spent['run_calls'])} runs {_s(spent['runs'])}"
+        f" + sessions {_s(spent['sessions'])}) = {_ratio(ratio)}{status}",
+        ratio,
+    )
+
+
+def one_inference(model: BuiltModel, seq_len: int) -> float:
+    """An onnxruntime session made and run once on seeded inputs (as shardcheck runs models)."""
+    import onnxruntime
+
+    proto = onnx.load(str(model.path))
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {}
+    started = time.perf_counter()
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 4
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    for info in session.get_inputs():
+        if info.name == "input_ids":
+            feeds[info.name] = rng.integers(0, build_models.VOCAB, (1, seq_len), dtype=np.int64)
+        else:
+            feeds[info.name] = np.ones((1, seq_len), dtype=np.int64)
+    session.run(None, feeds)
+    return time.perf_counter() - started
+
+
+def measure_simulation(
+    model: BuiltModel, hints: Path, ranks: int, seq_len: int
+) -> tuple[str, float | None]:
+    """``simulate`` on N ranks against one inference of the model."""
+    if not module_available("shardcheck.simulate"):
+        return NOT_AVAILABLE, None
+    try:
+        from shardcheck.simulate import simulate
+
+        inferences = [one_inference(model, seq_len)]
+        while len(inferences) < 3 and sum(inferences) < 2.0:
+            inferences.append(one_inference(model, seq_len))
+        inference = statistics.median(inferences)
+        started = time.perf_counter()
+        result = simulate(model.path, hints, ranks=ranks, seq_len=seq_len)
+        whole = time.perf_counter() - started
+    except Exception as exc:  # the module is being written; show why it did not run
+        return f"error: {type(exc).__name__}: {exc}"[:120], None
+    ratio = whole / inference if inference else None
+    status = "" if getattr(result, "ok", True) else ", MISMATCH"
+    return (
+        f"N={ranks}: {_s(whole)} = {_ratio(ratio, 'inferences')} of {_s(inference)}{status}",
+        ratio,
+    )
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _s(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}"
+
+
+def _ratio(value: float | None, unit: str = "x") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{unit}" if unit == "x" else f"{value:.1f} {unit}"
+
+
+def _median_run(runs: Sequence[ChildRun] | None) -> ChildRun | None:
+    if not runs:
+        return None
+    failed = [run for run in runs if not run.ok]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda run: run.seconds)
+    seconds = statistics.median(run.seconds for run in runs)
+    peak = max(run.peak_kib for run in runs)
+    return ChildRun(seconds, peak, 0, ordered[0].stderr)
+
+
+def _process_cells(runs: Sequence[ChildRun] | None, absent: str) -> tuple[str, str]:
+    run = _median_run(runs)
+    if run is None:
+        return absent, absent
+    if not run.ok:
+        return f"failed (exit {run.returncode})", "-"
+    return f"{run.seconds:.2f}", f"{run.peak_kib / MIB:.0f}"
+
+
+def speedup(result: ModelResult) -> float | None:
+    ours, theirs = _median_run(result.gen), _median_run(result.polygraphy)
+    if ours is None or theirs is None or not ours.ok or not theirs.ok:
+        return None
+    return theirs.seconds / ours.seconds
+
+
+TABLE_HEADER = (
+    "| model | nodes | onnx.load ms | gen analysis ms (checks + index + generate) "
+    "| analysis / load | gen s | gen peak MiB | Polygraphy s | Polygraphy peak MiB "
+    "| Polygraphy / gen | verify: whole vs onnxruntime | simulation vs 1 inference |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+)
+
+
+def table_row(result: ModelResult, polygraphy_absent: str) -> str:
+    model = result.model
+    name = model.name
+    if model.external_file is not None:
+        name += f" ({model.external_bytes / 2**30:.2f} GiB external)"
+    inner = result.in_process
+    if inner is None:
+        load = analysis = ratio = "-"
+    else:
+        load = _ms(inner.load)
+        analysis = (
+            f"{_ms(inner.analysis)} ({_ms(inner.checks)} + {_ms(inner.index)} + "
+            f"{_ms(inner.generate)})"
+        )
+        ratio = _ratio(inner.analysis / inner.load if inner.load else None)
+    gen_s, gen_mib = _process_cells(result.gen, "-")
+    poly_s, poly_mib = _process_cells(result.polygraphy, polygraphy_absent)
+    cells = [
+        name,
+        str(model.nodes),
+        load,
+        analysis,
+        ratio,
+        gen_s,
+        gen_mib,
+        poly_s,
+        poly_mib,
+        _ratio(speedup(result)),
+        result.verify,
+        result.simulate,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def linearity(results: Sequence[ModelResult]) -> list[tuple[str, float, str]]:
+    """Per kind: analysis time per node at the deepest vs the shallowest model."""
+    found = []
+    for kind in build_models.KINDS:
+        rows = [r for r in results if r.model.kind == kind and r.in_process is not None]
+        if len(rows) < 2:
+            continue
+        rows.sort(key=lambda r: r.model.depth)
+        low, high = rows[0], rows[-1]
+        assert low.in_process is not None and high.in_process is not None
+        per_low = low.in_process.analysis / low.model.nodes
+        per_high = high.in_process.analysis / high.model.nodes
+        ratio = per_high / per_low
+        found.append(
+            (
+                kind,
+                ratio,
+                f"{kind}: {per_low * 1e6:.1f} µs/node at {low.model.depth} layers, "
+                f"{per_high * 1e6:.1f} µs/node at {high.model.depth} layers: {ratio:.2f}x",
+            )
+        )
+    return found
+
+
+def targets(
+    results: Sequence[ModelResult],
+    lines: Sequence[tuple[str, float, str]],
+    big: ModelResult | None,
+    proof: BigModelProof | None,
+) -> list[str]:
+    def verdict(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+    deepest = [r for r in results if r.model.kind != "big"]
+    out = []
+    largest = max(deepest, key=lambda r: r.model.nodes, default=None)
+    for result in [r for r in deepest if largest and r.model.depth == largest.model.depth]:
+        value = speedup(result)
+        out.append(
+            f"target 1 (speed): gen {_ratio(value)} faster than Polygraphy on {result.model.name} "
+            f"({result.model.nodes} nodes), whole process; target >= {SPEEDUP_TARGET:g}x: "
+            f"{verdict(None if value is None else value >= SPEEDUP_TARGET)}"
+        )
+    for result in [r for r in deepest if largest and r.model.depth == largest.model.depth]:
+        inner = result.in_process
+        value = inner.analysis / inner.load if inner and inner.load else None
+        out.append(
+            f"target 2 (analysis): gen's analysis after the parse on {result.model.name}: "
+            f"{_ratio(value)} onnx.load; target <= {ANALYSIS_TARGET:g}x: "
+            f"{verdict(None if value is None else value <= ANALYSIS_TARGET)}"
+        )
+    for _kind, ratio, text in lines:
+        out.append(
+            f"target 2 (linearity): {text}; target <= {LINEARITY_TARGET:g}x: "
+            f"{verdict(ratio <= LINEARITY_TARGET)}"
+        )
+    if big is not None:
+        run = _median_run(big.gen)
+        peak = run.peak_kib / MIB if run and run.ok else None
+        out.append(
+            f"target 3 (memory): gen's peak memory on {big.model.name} "
+            f"({big.model.external_bytes / 2**30:.2f} GiB external): "
+            + (f"{peak:.0f} MiB" if peak is not None else "failed")
+            + f"; target < {BIG_MEMORY_TARGET_MIB:g} MiB: "
+            f"{verdict(None if peak is None else peak < BIG_MEMORY_TARGET_MIB)}; weight file "
+            f"never opened: {verdict(proof.never_opened if proof else None)}"
+        )
+    verify_ratios = [r.verify_ratio for r in results if r.verify_ratio is not None]
+    out.append(
+        "target 4 (verify): whole verify vs the onnxruntime work it does: "
+        + (
+            f"{min(verify_ratios):.2f}x to {max(verify_ratios):.2f}x; target <= "
+            f"{VERIFY_TARGET:g}x: {verdict(max(verify_ratios) <= VERIFY_TARGET)}"
+            if verify_ratios
+            else "n/a (" + next((r.verify for r in results if r.verify != "-"), "not run") + ")"
+        )
+    )
+    simulate_ratios = [r.simulate_ratio for r in results if r.simulate_ratio is not None]
+    out.append(
+        "target 4 (simulation): simulation vs one inference: "
+        + (
+            f"{min(simulate_ratios):.1f} to {max(simulate_ratios):.1f} inferences (target: "
+            "about N+1)"
+            if simulate_ratios
+            else "n/a (" + next((r.simulate for r in results if r.simulate != "-"), "not run") + ")"
+        )
+    )
+    return out
+
+
+def render(
+    env: dict[str, str],
+    results: Sequence[ModelResult],
+    polygraphy: str | None,
+    proof: BigModelProof | None,
+    settings: str,
+    checker: str | None = None,
+) -> str:
+    absent = "polygraphy not installed" if polygraphy is None else "-"
+    rows = [table_row(result, absent) for result in results]
+    lines = linearity(results)
+    big = next((r for r in results if r.model.kind == "big"), None)
+    notes = [
+        f"- Taken {env['date']} on {env['machine']}; Python {env['python']}; "
+        f"{env['packages']}; shardcheck at {env['shardcheck']}.",
+        f"- {settings}",
+        "- gen and Polygraphy: whole processes, paired and alternating, median wall time; peak "
+        "memory is the child's ru_maxrss. Polygraphy's log went to /dev/null.",
+        "- analysis = what gen does after the parse: read_model's checks (read_model minus "
+        "onnx.load), GraphIndex, generate (default options) and the hints' serialization.",
+    ]
+    notes += [f"- linearity: {text}" for _kind, _ratio_value, text in lines]
+    if proof is not None:
+        notes += [f"- external weights: {line}" for line in proof.lines]
+    errors = [f"- {r.model.name}: {r.error}" for r in results if r.error]
+    for result in results:
+        for label, runs in (("gen", result.gen), ("Polygraphy", result.polygraphy or [])):
+            failed = next((run for run in runs if not run.ok), None)
+            if failed is not None:
+                last = (failed.stderr.strip().splitlines() or ["no output"])[-1]
+                errors.append(
+                    f"- {result.model.name}: {label} failed (exit {failed.returncode}): {last}"
+                )
+    if checker is not None:
+        notes.append(f"- {checker}")
+    target_lines = targets(results, lines, big, proof)
+    return "\n".join(
+        [
+            "# shardcheck benchmark",
+            "",
+            "Re-run with `python benchmarks/run.py` (models are cached in "
+            "`/tmp/shardcheck-bench`; see `benchmarks/build_models.py`).",
+            "",
+            TABLE_HEADER,
+            *rows,
+            "",
+            *notes,
+            *errors,
+            "",
+            "Targets of the performance issue:",
+            "",
+            *[f"- {line}" for line in target_lines],
+            "",
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _section(label: str, action: Callable[[], None], result: ModelResult) -> None:
+    started = time.perf_counter()
+    try:
+        action()
+    except Exception as exc:  # keep the other figures of the run
+        result.error = f"{label} failed: {type(exc).__name__}: {exc}"
+    _log(f"  {label}: {time.perf_counter() - started:.1f} s")
+
+
+def benchmark_model(
+    launcher: Launcher,
+    model: BuiltModel,
+    args: argparse.Namespace,
+    polygraphy: str | None,
+    scratch: Path,
+) -> ModelResult:
+    result = ModelResult(model)
+    _log(f"{model.name} ({model.nodes} nodes)")
+
+    def in_process() -> None:
+        result.in_process = measure_in_process(model, args.repeats)
+
+    def processes() -> None:
+        result.gen, result.polygraphy, result.hints = measure_processes(
+            launcher, model, None if args.no_polygraphy else polygraphy, args.repeats, scratch
+        )
+
+    _section("in process", in_process, result)
+    _section("gen vs Polygraphy", processes, result)
+    runs_verify = model.kind in args.verify_kinds and result.hints and result.hints.exists()
+    if runs_verify and result.hints is not None:
+        hints = result.hints
+
+        def run_verify() -> None:
+            result.verify, result.verify_ratio = measure_verify(model, hints)
+
+        def run_simulation() -> None:
+            result.simulate, result.simulate_ratio = measure_simulation(
+                model, hints, args.ranks, args.seq_len
+            )
+
+        _section("verify", run_verify, result)
+        _section("simulation", run_simulation, result)
+    return result
+
+
+def warm_up(launcher: Launcher, model: BuiltModel, polygraphy: str | None, scratch: Path) -> int:
+    """One untimed run of each command (bytecode, page cache); the peak memory floor."""
+    launcher.run(gen_command(model.path, scratch / "warm-up.json"), scratch)
+    if polygraphy:
+        launcher.run(polygraphy_command(polygraphy, model.path, scratch / "warm-up.json"), scratch)
+    return launcher.run(["true"], scratch).peak_kib
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="shardcheck's performance benchmark")
+    parser.add_argument("--out", type=Path, default=build_models.DEFAULT_OUT)
+    parser.add_argument("--depths", type=build_models._int_list, default=None)
+    parser.add_argument("--kinds", default=",".join(build_models.KINDS))
+    parser.add_argument("--repeats", type=int, default=3, help="process pairs per model")
+    parser.add_argument("--big-gb", type=float, default=1.0, help="GiB of external weights")
+    parser.add_argument("--no-big", action="store_true")
+    parser.add_argument("--no-polygraphy", action="store_true")
+    parser.add_argument("--verify-kinds", default="export", help="kinds verify/simulate run on")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=16)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    parser.add_argument("--quick", action="store_true", help="depths 12,48; 1 repeat; no big")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.depths = args.depths or [12, 48]
+        args.repeats = 1
+        args.no_big = True
+    args.depths = args.depths or list(build_models.DEFAULT_DEPTHS)
+    args.kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
+    args.verify_kinds = {kind.strip() for kind in args.verify_kinds.split(",") if kind.strip()}
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    polygraphy = find_polygraphy()
+    if polygraphy is None:
+        _log("polygraphy not installed (pip install '.[test]'); its columns stay empty")
+    models = build_models.ensure_models(
+        args.out, args.depths, args.kinds, None if args.no_big else args.big_gb
+    )
+    env = environment()
+    results: list[ModelResult] = []
+    proof: BigModelProof | None = None
+    with tempfile.TemporaryDirectory(prefix="shardcheck-bench-") as directory:
+        scratch = Path(directory)
+        launcher = Launcher(scratch)
+        try:
+            floor = warm_up(launcher, models[0], polygraphy, scratch)
+            for model in models:
+                results.append(benchmark_model(launcher, model, args, polygraphy, scratch))
+                if model.external_file is not None:
+                    _log("  proving the weight file is never opened")
+                    proof = prove_weights_unopened(launcher, model, scratch)
+        finally:
+            launcher.close()
+    settings = (
+        f"{args.repeats} process pairs per model, after one untimed run of each command (the "
+        f"children run with bytecode caching on, as in a normal install); the launcher's own "
+        f"ru_maxrss floor is {floor / MIB:.0f} MiB. verify and simulation ({args.ranks} ranks, "
+        f"sequence length {args.seq_len}) on the {', '.join(sorted(args.verify_kinds))} models."
+    )
+    text = render(env, results, polygraphy, proof, settings, checker_share(results))
+    print(text)
+    if not args.no_write:
+        args.results.write_text(text)
+        _log(f"written to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
