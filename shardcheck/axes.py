@@ -87,6 +87,11 @@ class AxisMapper:
             return self._aligned(node.inputs, out_axis, out_rank)
         if op == "Expand":
             return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op == "Tile":
+            repeats = self.index.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+            if repeats is None or repeats.reshape(-1)[out_axis] != 1:
+                return None
+            return [(node.inputs[0], out_axis)]
         if op in REDUCTIONS:
             return self._reduction(node, out_axis, out_rank)
         if op in FUSED_ATTENTION and node.domain in ("", "ai.onnx", "com.microsoft"):

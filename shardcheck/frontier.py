@@ -81,9 +81,11 @@ def find_frontier(
         needed = _must_be_whole(index, derived, region, inside, cut)
         needed |= _sized_whole(index, mapper, sources, region, region_nodes)
         needed -= whole
-        if not needed:
+        masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
+        if not needed and not masks:
             break
         whole |= needed
+        seeds.extend(masks)
     result.inputs = _ordered(index, shapes, cut)
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
@@ -205,6 +207,55 @@ def _seeds(
             axis = len(mask_shape) - 2
             if layer.causal is not None or _axis_from_data(index, mapper, mask, axis):
                 yield mask, axis
+
+
+def _whole_sized_masks(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    mapper: AxisMapper,
+    sources: _ShapeSources,
+    layers: list[AttentionLayer],
+    region: dict[str, int],
+    seeds: list[tuple[str, int]],
+) -> list[tuple[str, int]]:
+    """Masks left unscattered whose query axis is sized by a whole tensor's Shape (e.g. a
+    Range over the length of an unsliced input): on a rank they would keep the whole query
+    length next to sliced scores, so they are scattered along it."""
+    seeded = {tensor for tensor, _ in seeds}
+    found: list[tuple[str, int]] = []
+    for layer in layers:
+        for mask in layer.masks:
+            shape = shapes.shape(mask)
+            if mask in seeded or shape is None or len(shape) < 2 or shape[-2] == 1:
+                continue
+            axis = len(shape) - 2
+            origin = _axis_origin(index, mapper, mask, axis)
+            if origin is None:
+                continue
+            producer = index.producer_of(origin)
+            inputs = [origin] if producer is None else [n for n in producer.inputs if n]
+            sized_by = {
+                s for name in inputs if name not in sources.derived for s in sources.of(name)
+            }
+            if any(source not in region for source in sized_by):
+                found.append((mask, axis))
+                seeded.add(mask)
+    return found
+
+
+def _axis_origin(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> str | None:
+    """The tensor where an axis begins, followed back through position-wise ops (the first
+    path); None when it comes from a graph input."""
+    current, current_axis = tensor, axis
+    for _ in range(64):
+        producer = index.producer_of(current)
+        if producer is None:
+            return None if current in index.input_infos else current
+        mapped = mapper.input_axes(producer, current_axis)
+        if not mapped:
+            return current
+        current, current_axis = mapped[0]
+    return None
 
 
 def _axis_from_data(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> bool:

@@ -297,6 +297,15 @@ class ShapeInference:
             return [TensorInfo(shape)]
         if op == "Conv":
             return self._conv(node, shape)
+        if op == "Tile":
+            repeats = self._in(node, 1).value
+            if repeats is None or len(repeats) != rank:
+                return [TensorInfo((None,) * rank)]
+            return [
+                TensorInfo(
+                    tuple(_dim_of(_product([d, r])) for d, r in zip(shape, repeats, strict=True))
+                )
+            ]
         return None
 
     def _rank_only(self, node: Node) -> list[TensorInfo] | None:
@@ -468,6 +477,10 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
             result.append({"Add": a + b, "Sub": a - b, "Mul": a * b, "Div": a // b if b else 0}[op])
         elif op in ("Mul", "Div") and b == 1:
             result.append(a)
+        elif op == "Mul" and a is not None and b is not None:
+            result.append(_dim_of(_product([a, b])))
+        elif op == "Div" and isinstance(b, int) and b > 0 and isinstance(a, str):
+            result.append(_divide(a, b))
         elif op in ("Add", "Sub") and b == 0:
             result.append(a)
         elif op == "Mul" and a == 1:
@@ -515,3 +528,11 @@ def _where_value(
     if aligned is None or any(not isinstance(c, int) for c in aligned[0]):
         return None
     return tuple(y if c else n for c, y, n in zip(*aligned, strict=True))
+
+
+def _divide(dim: str, divisor: int) -> Dim:
+    """``2*batch`` / 2 -> ``batch``; None when the factor is not there."""
+    product = _product([dim])
+    if product is None or product[0] % divisor:
+        return None
+    return _dim_of((product[0] // divisor, product[1]))

@@ -114,6 +114,11 @@ def _dim_chooser(
             if isinstance(dim, str) and dim in names:
                 sequence = dim
                 break
+    if sequence is None:
+        # The query axis did not resolve to a dim name: one non-batch dim among the inputs is
+        # still the model's own answer; only with several do the hints decide.
+        candidates = [name for name in names if not BATCH_LIKE.search(name)]
+        sequence = candidates[0] if len(candidates) == 1 else None
     if sequence is None or sequence in user_dims:
         return lambda length: resolve_dims(index, hints, length, user_dims)
     unknown = sorted(set(user_dims) - set(names))
@@ -397,6 +402,7 @@ class _RuntimeCheck:
         )
         session = _session(model, self.index.source)
         shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
+        failures: dict[int, tuple[str, dict[str, int]]] = {}
         for length in seq_lens:
             dims = choose(length)
             feeds = make_feeds(self.index, dims, self.seed)
@@ -411,8 +417,8 @@ class _RuntimeCheck:
                 }
             )
             if failure is not None:
-                self._failed(length, failure, bool(shapes_by_len), dims)
-                return
+                failures[length] = (failure, dims)
+                continue
             outputs, values = session.last
             if not shapes_by_len:
                 masks = {m for layer in self.by_q.values() for m in layer.masks}
@@ -423,24 +429,28 @@ class _RuntimeCheck:
                 **{name: tuple(v.shape) for name, v in feeds.items()},
                 **{name: tuple(v.shape) for name, v in zip(outputs, values, strict=True)},
             }
+        if failures:
+            length, (message, dims) = next(iter(failures.items()))
+            self._failed(length, message, sorted(shapes_by_len), dims)
+            return
         self.ran = True
         self._compare(shapes_by_len, seq_lens)
 
     def _found(self, code: str, field: str) -> bool:
         return any(f.code == code and f.field == field for f in self.report.findings)
 
-    def _failed(self, length: int, message: str, earlier_ran: bool, dims: dict[str, int]) -> None:
+    def _failed(self, length: int, message: str, ran_at: list[int], dims: dict[str, int]) -> None:
         match = _ORT_NODE.search(message)
         node = match.group(1) if match else "unknown node"
         chosen = ", ".join(f"{k}={v}" for k, v in dims.items())
-        if earlier_ran:
+        if ran_at:
             self.report.add(
                 "SC002",
                 ERROR,
                 "model",
-                f"the model runs at the first sequence length but not at {length}: the length "
-                f"is baked into it (at node {node}); each CP rank runs a shorter sequence, so "
-                f"it cannot be sharded. onnxruntime: {_short(message)}",
+                f"the model runs at sequence length {', '.join(map(str, ran_at))} but not at "
+                f"{length}: the length is baked into it (at node {node}); each CP rank runs a "
+                f"shorter sequence, so it cannot be sharded. onnxruntime: {_short(message)}",
                 tensor=node,
                 expected="runs at any length",
                 observed=f"fails at {length}",
@@ -523,7 +533,7 @@ class _RuntimeCheck:
                     )
         self._compare_layers(changing, first)
         self._unhinted_inputs(changing)
-        self._key_only_inputs()
+        self._key_only_inputs(first)
 
     def _compare_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
         for hint in self.hints.attention_layers:
@@ -592,17 +602,21 @@ class _RuntimeCheck:
                     observed="whole",
                 )
 
-    def _key_only_inputs(self) -> None:
+    def _key_only_inputs(self, first: dict[str, tuple[int, ...]]) -> None:
         """A hinted tensor that reaches no Q, K or V, only masks whose rows are all equal
-        (masks over the keys): scattering it cuts such a mask over the keys, which must
-        stay whole since K and V are gathered whole."""
+        (masks over the keys), and whose hinted axis lines up with their key axis: scattering
+        it cuts the mask over the keys, which must stay whole since K and V are gathered whole.
+        (Scattering such a mask along its query axis is right: each rank gets its rows.)"""
         query, key, masks = _attention_sides(self.by_q, self.hints)
 
-        def over_keys_only(mask: str) -> bool:
+        def cut_over_keys(mask: str, tensor: ShardTensor) -> bool:
             value = self.mask_values.get(mask)
-            if value is None or value.ndim < 2:
+            rank = len(first.get(tensor.name, ()))
+            if value is None or value.ndim < 2 or not rank:
                 return False
-            return bool(np.array_equal(value, np.broadcast_to(value[..., :1, :], value.shape)))
+            rows_equal = np.array_equal(value, np.broadcast_to(value[..., :1, :], value.shape))
+            aligned = tensor.seq_len_idx + value.ndim - rank
+            return rows_equal and aligned == value.ndim - 1
 
         for tensor in self.hints.inputs:
             if not self.index.has_tensor(tensor.name):
@@ -611,7 +625,7 @@ class _RuntimeCheck:
             reached_masks = sorted(reached & masks)
             if reached & (query | key) or not reached_masks:
                 continue
-            if all(over_keys_only(mask) for mask in reached_masks):
+            if all(cut_over_keys(mask, tensor) for mask in reached_masks):
                 self.report.add(
                     "SC116",
                     ERROR,

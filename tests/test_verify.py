@@ -169,6 +169,15 @@ def test_baked_sequence_length_is_reported_with_the_node(tmp_path: Path) -> None
     assert "cannot be sharded" in baked[0].message
 
 
+def test_baked_length_is_reported_whichever_length_comes_first(tmp_path: Path) -> None:
+    model = REAL / "ts_mha_seq_first.onnx"
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    report = verify(model, hints, seq_lens=(16, 8))
+    assert [(f.code, f.tensor) for f in report.errors] == [("SC002", "/attn/Reshape_4")]
+    assert "runs at sequence length 8 but not at 16" in report.errors[0].message
+
+
 def test_text_and_json_reports_have_the_same_findings(bert_hints: dict, tmp_path: Path) -> None:
     hints = json.loads(json.dumps(bert_hints))
     hints["k_seq_len_idx"] = 2
