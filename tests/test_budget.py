@@ -1,0 +1,159 @@
+"""verify and the simulation are bounded: a memory estimate refuses runs that cannot fit, before
+running, and ``--timeout`` cancels an onnxruntime run that takes too long."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import FIXTURES, GOLDEN, run_cli
+from onnx import TensorProto, helper
+
+from shardcheck.budget import available_bytes, check_memory, estimate, human, resolve
+from shardcheck.cli import cli
+from shardcheck.detect import detect_attention
+from shardcheck.errors import InputError
+from shardcheck.generate import generate
+from shardcheck.hints_file import write_hints
+from shardcheck.loader import load_index
+from shardcheck.options import GenOptions
+from shardcheck.shapes import ShapeInference
+
+MODEL = FIXTURES / "attention_head.onnx"  # x [batch, sequence_len, 16] -> scores [b, S, S]
+HINTS = GOLDEN / "attention_head.json"
+# No machine has 400 TB: the scores of one layer at this length, in float32.
+HUGE_LENGTH = 10**7
+
+
+def test_resolve_substitutes_dims_and_counts_unknown_sizes_as_one() -> None:
+    dims = {"batch": 2, "seq": 8}
+    assert resolve(("batch", "seq", 16), dims) == (2, 8, 16)
+    assert resolve(("batch*seq", "2*seq", "other", None, -1), dims) == (16, 16, 1, 1, 1)
+
+
+def test_estimate_counts_the_attention_scores() -> None:
+    index = load_index(MODEL)
+    small = estimate(index, {"batch": 1, "sequence_len": 8})
+    large = estimate(index, {"batch": 1, "sequence_len": 4096})
+    assert large.largest_shape == (1, 4096, 4096)
+    assert large.largest_bytes == 4096 * 4096 * 4
+    # the scores, their softmax (the largest intermediate twice), the weights and the I/O
+    assert 2 * 4096 * 4096 * 4 < large.total < 3 * 4096 * 4096 * 4
+    assert small.total < large.total
+
+
+def test_estimate_counts_the_scores_inside_a_fused_attention_node() -> None:
+    index = load_index(FIXTURES / "real" / "dynamo_sdpa_opset23.onnx")
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    assert {layer.kind for layer in layers} == {"fused"}
+    found = estimate(index, {"batch": 1, "sequence": 4096}, shapes=shapes, layers=layers)
+    assert found.largest.startswith("scores of ")
+    assert found.largest_shape == (1, 2, 4096, 4096)
+
+
+def test_check_memory_refuses_with_the_length_the_dims_and_the_estimate() -> None:
+    index = load_index(MODEL)
+    dims = {"batch": 1, "sequence_len": 4096}
+    needed = estimate(index, dims).total
+    assert check_memory(index, dims, seq_len=4096, available=needed).total == needed
+    with pytest.raises(InputError) as refused:
+        check_memory(index, dims, seq_len=4096, available=needed - 1)
+    message = refused.value.message
+    assert message.startswith(f"{index.source}: sequence length 4096 ")
+    assert "(dims batch=1, sequence_len=4096)" in message
+    assert f"needs about {human(needed)} of memory" in message
+    assert "largest tensor head_scores [1, 4096, 4096]: 64.0 MiB" in message
+    assert "refused before running" in message
+
+
+def test_available_memory_is_known_on_linux() -> None:
+    available = available_bytes()
+    if available is None:
+        pytest.skip("this system does not report its available memory")
+    assert 0 < available < 2**60
+
+
+def test_human_sizes() -> None:
+    assert human(512) == "512 B"
+    assert human(1536) == "1.5 KiB"
+    assert human(64 * 2**20) == "64.0 MiB"
+    assert human(10**30) == "1e+30 B"
+
+
+def test_verify_refuses_a_length_that_cannot_fit_before_running() -> None:
+    started = time.perf_counter()
+    result = run_cli("verify", MODEL, HINTS, "--seq-lens", f"8,{HUGE_LENGTH}")
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"sequence length {HUGE_LENGTH} (dims batch=1, sequence_len={HUGE_LENGTH})" in line
+    assert "head_scores" in line and "refused before running" in line
+    assert result.stdout == ""  # no report: not even the length that fits was run
+    assert time.perf_counter() - started < 10
+
+
+def test_verify_refuses_a_dim_that_cannot_fit() -> None:
+    result = run_cli("verify", MODEL, HINTS, "--dim", f"batch={HUGE_LENGTH * 10**4}")
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert (
+        f"batch={HUGE_LENGTH * 10**4}" in line
+        and "choose a shorter --seq-lens or smaller --dim" in line
+    )
+
+
+def test_simulate_refuses_a_length_that_cannot_fit() -> None:
+    if "simulate" not in cli.commands:
+        pytest.skip("no simulate command in this shardcheck")
+    result = run_cli("simulate", MODEL, HINTS, "--ranks", "2", "--seq-len", str(HUGE_LENGTH))
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"sequence length {HUGE_LENGTH}" in line and "--seq-len " in line
+
+
+# ------------------------------------------------------------------ --timeout, for real
+
+
+def slow_model(steps: int, width: int = 64) -> onnx.ModelProto:
+    """``steps`` attention-like blocks on x [batch, seq, width]: softmax(y y^T) y, chained."""
+    nodes = []
+    y = "x"
+    for i in range(steps):
+        nodes += [
+            helper.make_node("Transpose", [y], [f"t{i}"], perm=[0, 2, 1], name=f"transpose_{i}"),
+            helper.make_node("MatMul", [y, f"t{i}"], [f"s{i}"], name=f"scores_{i}"),
+            helper.make_node("Softmax", [f"s{i}"], [f"p{i}"], axis=-1, name=f"softmax_{i}"),
+            helper.make_node("MatMul", [f"p{i}", y], [f"y{i}"], name=f"mix_{i}"),
+        ]
+        y = f"y{i}"
+    nodes.append(helper.make_node("Identity", [y], ["out"], name="out"))
+    shape = ["batch", "seq", width]
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:
+    model = tmp_path / "slow.onnx"
+    onnx.save(slow_model(100), model)
+    hints = tmp_path / "slow.json"
+    write_hints(str(hints), generate(load_index(model), GenOptions()).hints)
+
+    started = time.perf_counter()
+    result = run_cli("verify", model, hints, "--seq-lens", "1024,2048", "--timeout", "0.05")
+    elapsed = time.perf_counter() - started
+
+    # The message is given only when onnxruntime stopped because the timer set terminate.
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "shardcheck: error: onnxruntime did not finish within --timeout 0.05 s (sequence "
+        "length 1024); give it more time or use shorter --seq-lens"
+    ]
+    # 100 blocks at length 1024 take seconds (1024x1024 scores, twice, per block).
+    assert elapsed < 1.5, f"verify took {elapsed:.2f} s despite --timeout 0.05"
