@@ -17,6 +17,7 @@ and are not compared.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,9 @@ def simulate(
     every rank's outputs with the single-device run on the same seeded inputs."""
     if ranks < 1:
         raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+    for option, value in (("--rtol", rtol), ("--atol", atol)):
+        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
+            raise InputError(f"{option} {value}: expected a finite number >= 0")
     if seq_len < 1 or seq_len % ranks:
         raise InputError(
             f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "

@@ -8,6 +8,7 @@ whatever the dims are called. With ``ranks``, the CP simulation runs as well.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -68,6 +69,9 @@ def verify(
             f"--timeout {timeout}: expected a positive number of seconds "
             f"(at most {threading.TIMEOUT_MAX:.0f})"
         )
+    for option, value in (("--rtol", rtol), ("--atol", atol)):
+        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
+            raise InputError(f"{option} {value}: expected a finite number >= 0")
     if ranks is not None:
         bad = [n for n in seq_lens if n % ranks]
         if ranks < 1 or bad:
