@@ -229,33 +229,80 @@ def _whole_sized_masks(
             if mask in seeded or shape is None or len(shape) < 2 or shape[-2] == 1:
                 continue
             axis = len(shape) - 2
-            origin = _axis_origin(index, mapper, mask, axis)
-            if origin is None:
-                continue
-            producer = index.producer_of(origin)
-            inputs = [origin] if producer is None else [n for n in producer.inputs if n]
-            sized_by = {
-                s for name in inputs if name not in sources.derived for s in sources.of(name)
-            }
-            if any(source not in region for source in sized_by):
-                found.append((mask, axis))
-                seeded.add(mask)
+            for origin in _axis_origins(index, mapper, mask, axis):
+                producer = index.producer_of(origin)
+                inputs = [origin] if producer is None else [n for n in producer.inputs if n]
+                sized_by = {
+                    s for name in inputs if name not in sources.derived for s in sources.of(name)
+                }
+                positional = producer is not None and _relative_position(index, producer)
+                if positional or any(source not in region for source in sized_by):
+                    found.append((mask, axis))
+                    seeded.add(mask)
+                    break
     return found
 
 
-def _axis_origin(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> str | None:
-    """The tensor where an axis begins, followed back through position-wise ops (the first
-    path); None when it comes from a graph input."""
-    current, current_axis = tensor, axis
-    for _ in range(64):
-        producer = index.producer_of(current)
+RELATING_OPS = frozenset("Sub Add Less LessOrEqual Greater GreaterOrEqual Equal".split())
+
+
+def _relative_position(index: GraphIndex, node: Node, depth: int = 8) -> bool:
+    """Whether the positions a Range makes are combined with another Range's (relative
+    positions, as T5's bias buckets): a mask built so differs from row to row. Comparing them
+    with constants (BERT's in-range test) does not."""
+    if node.op_type != "Range":
+        return False
+    frontier = [node.outputs[0]]
+    for _ in range(depth):
+        following: list[str] = []
+        for tensor in frontier:
+            for consumer in index.consumers_of(tensor):
+                if consumer.op_type in RELATING_OPS:
+                    others = [name for name in consumer.inputs[:2] if name and name != tensor]
+                    if any(_from_other_range(index, name, node) for name in others):
+                        return True
+                following.extend(name for name in consumer.outputs if name)
+        frontier = following[:32]
+    return False
+
+
+def _from_other_range(index: GraphIndex, tensor: str, this: Node, depth: int = 8) -> bool:
+    current = [tensor]
+    for _ in range(depth):
+        previous: list[str] = []
+        for name in current:
+            producer = index.producer_of(name)
+            if producer is None or producer.index == this.index:
+                continue
+            if producer.op_type == "Range":
+                return True
+            previous.extend(i for i in producer.inputs if i)
+        current = previous[:32]
+    return False
+
+
+def _axis_origins(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> list[str]:
+    """The tensors where an axis begins, followed back through position-wise ops on every
+    path (graph inputs excluded)."""
+    origins: list[str] = []
+    queue = deque([(tensor, axis)])
+    seen: set[tuple[str, int]] = set()
+    while queue:
+        current = queue.popleft()
+        if current in seen:
+            continue
+        seen.add(current)
+        producer = index.producer_of(current[0])
         if producer is None:
-            return None if current in index.input_infos else current
-        mapped = mapper.input_axes(producer, current_axis)
-        if not mapped:
-            return current
-        current, current_axis = mapped[0]
-    return None
+            if current[0] not in index.input_infos:
+                origins.append(current[0])
+            continue
+        mapped = mapper.input_axes(producer, current[1])
+        if mapped:
+            queue.extend(mapped)
+        else:
+            origins.append(current[0])
+    return origins
 
 
 def _axis_from_data(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> bool:
@@ -330,8 +377,10 @@ def _must_be_whole(
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
     cuts that other nodes read outside the region: both must be computed whole."""
     needed: set[str] = set()
+    sliced = _sliced(index, cut)
     # One walk back from every cut at once (the union is what counts): through tensors
-    # computed whole, to the Shape nodes that read a tensor of the region.
+    # computed whole, to the Shape nodes that read a sliced tensor: one of the region, or one
+    # computed from it off the walk (BART takes its positions' length from such a tensor).
     queue = deque(cut)
     seen: set[str] = set()
     while queue:
@@ -342,8 +391,9 @@ def _must_be_whole(
         producer = index.producer_of(current)
         if producer is None or (current in region and current not in cut):
             continue
-        if producer.op_type in SHAPE_OPS and producer.inputs[0] in region:
-            needed.add(producer.inputs[0])
+        if producer.op_type in SHAPE_OPS and producer.inputs[0] in sliced:
+            read = producer.inputs[0]
+            needed |= {read} if read in region else _region_ancestors(index, read, region)
             continue
         queue.extend(name for name in producer.inputs if name)
     for tensor in cut:
@@ -355,6 +405,35 @@ def _must_be_whole(
         if outside:
             needed.add(tensor)
     return needed
+
+
+def _sliced(index: GraphIndex, cut: dict[str, int]) -> set[str]:
+    """The tensors computed from a scattered one through data (what a rank holds a slice of,
+    or derived from a slice)."""
+    sliced = set(cut)
+    for node in index.nodes:
+        if node.op_type not in SHAPE_OPS and any(name in sliced for name in node.inputs):
+            sliced.update(name for name in node.outputs if name)
+    return sliced
+
+
+def _region_ancestors(index: GraphIndex, tensor: str, region: dict[str, int]) -> set[str]:
+    """The nearest region tensors that ``tensor`` is computed from."""
+    found: set[str] = set()
+    queue = deque([tensor])
+    seen: set[str] = set()
+    while queue:
+        current = queue.popleft()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in region:
+            found.add(current)
+            continue
+        producer = index.producer_of(current)
+        if producer is not None and producer.op_type not in SHAPE_OPS:
+            queue.extend(name for name in producer.inputs if name)
+    return found
 
 
 def _walk_forward(
