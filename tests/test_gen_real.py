@@ -92,3 +92,18 @@ def test_layers_that_need_different_k_indices_are_reported_not_written(tmp_path:
     assert result.stderr.count("\n") == 1 and "--k-idx" in result.stderr
     forced = run_cli("gen", model, "-o", out, "--k-idx", "3", "--v-idx", "2", "--kv-rank", "4")
     assert forced.exit_code == 0 and json.loads(out.read_text())["k_seq_len_idx"] == 3
+
+
+def test_every_suggested_tensor_has_its_rank() -> None:
+    # GPT-J repeats its rotary tables with Tile; Bloom folds heads into the batch axis
+    # ([batch*heads, seq, d]). Both once lost the ranks (and so the axes) downstream.
+    for name in ("ts_gptj_tiny", "ts_bloom_tiny", "dynamo_distilbert_tiny"):
+        hints = generate(load_index(REAL / TRUTH[name]["file"]), GenOptions()).hints
+        assert all(t.rank is not None for t in (*hints.inputs, *hints.outputs)), name
+
+
+@pytest.mark.parametrize("name", ["ts_bloom_tiny", "ts_gptj_tiny"])
+def test_graph_io_finds_the_sequence_axis_of_folded_heads(name: str) -> None:
+    hints = generate(load_index(REAL / TRUTH[name]["file"]), GenOptions(io="graph")).hints
+    assert {t.name: t.seq_len_idx for t in hints.inputs} == TRUTH[name]["inputs"]
+    assert {t.name: t.seq_len_idx for t in hints.outputs} == TRUTH[name]["outputs"]
