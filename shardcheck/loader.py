@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -85,12 +86,12 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         ) from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{source}: not an ONNX model (the protobuf has no graph or IR version)")
-    duplicate_names, external = _scan(model)
-    _check_external_tensors(external, file)
-    checker_input = serialized if model_format == _PROTOBUF and not external else None
+    scan = _scan(model)
+    _check_external_tensors(scan.external, file)
+    checker_input = serialized if model_format == _PROTOBUF and not scan.external else None
     del serialized
-    _check_model(model, source, checker_input, has_external=bool(external))
-    _refuse_duplicate_names(duplicate_names, source)
+    _check_model(model, source, checker_input, scan=scan)
+    _refuse_duplicate_names(scan.duplicate_names, source)
     return model
 
 
@@ -113,13 +114,23 @@ def check_external_data(model: onnx.ModelProto, file: Path) -> list[onnx.TensorP
     return external
 
 
-def _scan(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
-    """One pass over the main graph's nodes: duplicate node names and external tensors.
+@dataclass(frozen=True)
+class _Scan:
+    duplicate_names: set[str]
+    # The external tensors, in ``_dense_tensors`` order.
+    external: list[onnx.TensorProto]
+    # Their positions in graph.initializer, when they are all main-graph initializers (the
+    # usual case): the checker's copy is then patched by position, without another walk.
+    initializer_positions: tuple[int, ...] | None
 
-    The same tensors, in the same order, as ``_dense_tensors`` gives with an external location.
-    """
+
+def _scan(model: onnx.ModelProto) -> _Scan:
+    """One pass over the main graph's nodes: duplicate node names and external tensors."""
     graph = model.graph
-    external = [t for t in graph.initializer if t.data_location == _EXTERNAL]
+    positions = tuple(
+        i for i, tensor in enumerate(graph.initializer) if tensor.data_location == _EXTERNAL
+    )
+    external = [graph.initializer[i] for i in positions]
     seen: set[str] = set()
     duplicates: set[str] = set()
     for node in graph.node:
@@ -140,7 +151,8 @@ def _scan(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
                 )
     for function in model.functions:
         external.extend(t for t in _node_tensors(function.node) if t.data_location == _EXTERNAL)
-    return duplicates, external
+    only_initializers = len(external) == len(positions)
+    return _Scan(duplicates, external, positions if only_initializers else None)
 
 
 def _check_external_tensors(external: list[onnx.TensorProto], file: Path) -> None:
@@ -209,18 +221,22 @@ def _attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorPr
             yield from _graph_tensors(graph)
 
 
-def _copy_for_checker(model: onnx.ModelProto, has_external: bool) -> onnx.ModelProto:
+def _copy_for_checker(model: onnx.ModelProto, scan: _Scan | None) -> onnx.ModelProto:
     """A copy in which every external tensor is an empty tensor of the same name and type."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    if not has_external:
+    if scan is None or not scan.external:
         return copy
-    for tensor in _dense_tensors(copy):
-        if tensor.data_location == _EXTERNAL:
-            tensor.ClearField("external_data")
-            tensor.ClearField("data_location")
-            del tensor.dims[:]
-            tensor.dims.append(0)
+    if scan.initializer_positions is not None:
+        initializers = copy.graph.initializer
+        external = [initializers[i] for i in scan.initializer_positions]
+    else:
+        external = [t for t in _dense_tensors(copy) if t.data_location == _EXTERNAL]
+    for tensor in external:
+        tensor.ClearField("external_data")
+        tensor.ClearField("data_location")
+        del tensor.dims[:]
+        tensor.dims.append(0)
     return copy
 
 
@@ -229,11 +245,11 @@ def _check_model(
     source: str,
     serialized: bytes | None = None,
     *,
-    has_external: bool = False,
+    scan: _Scan | None = None,
 ) -> None:
     """``onnx.checker.check_model``; ``serialized``, when given, must be the model's bytes."""
-    if has_external:
-        checked: onnx.ModelProto | bytes = _copy_for_checker(model, has_external)
+    if scan is not None and scan.external:
+        checked: onnx.ModelProto | bytes = _copy_for_checker(model, scan)
     else:
         checked = serialized if serialized is not None else model
     try:
@@ -242,15 +258,15 @@ def _check_model(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         # Polygraphy's own test models declare inputs without shapes; newer checkers reject
         # that, although every consumer of the model accepts it. Only that one rule is waived.
-        if _MISSING_SHAPE in first and _passes_with_shapes(model, has_external):
+        if _MISSING_SHAPE in first and _passes_with_shapes(model, scan):
             return
         raise ModelError(f"{source}: fails onnx.checker: {first}") from None
     except (ValueError, RuntimeError) as exc:
         raise ModelError(f"{source}: fails onnx.checker: {exc}") from None
 
 
-def _passes_with_shapes(model: onnx.ModelProto, has_external: bool) -> bool:
-    copy = _copy_for_checker(model, has_external)
+def _passes_with_shapes(model: onnx.ModelProto, scan: _Scan | None) -> bool:
+    copy = _copy_for_checker(model, scan)
     graph = copy.graph
     for info in (*graph.input, *graph.output, *graph.value_info):
         tensor_type = info.type.tensor_type
