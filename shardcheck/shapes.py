@@ -293,8 +293,12 @@ class ShapeInference:
             axis = node.attr("axis", 1) % (rank + 1) if rank else 0
             left, right = _product(shape[:axis]), _product(shape[axis:])
             return [TensorInfo((_dim_of(left), _dim_of(right)))]
-        if op == "Attention" and node.domain in ("", "ai.onnx"):
-            return [TensorInfo(shape)]
+        if op in ("Attention", "MultiHeadAttention", "GroupQueryAttention") and node.domain in (
+            "",
+            "ai.onnx",
+            "com.microsoft",
+        ):
+            return [TensorInfo(self._attention_output(node, shape))]
         if op == "Conv":
             return self._conv(node, shape)
         if op == "Tile":
@@ -307,6 +311,19 @@ class ShapeInference:
                 )
             ]
         return None
+
+    def _attention_output(self, node: Node, query: Shape) -> Shape:
+        """Query positions, value width: [batch, seq, v_hidden] or [batch, heads, seq, v]."""
+        if node.domain == "com.microsoft" and node.op_type == "Attention":
+            return query  # packed QKV weights: the output keeps the input's hidden size
+        value = self._in(node, 2).shape
+        if value is None:
+            return (*query[:-1], None)
+        if len(query) == len(value):
+            return (*query[:-1], value[-1])
+        if len(query) == 3 and len(value) == 4:
+            return (*query[:-1], _dim_of(_product([value[1], value[3]])))
+        return (*query[:-1], None)
 
     def _rank_only(self, node: Node) -> list[TensorInfo] | None:
         """Unknown dims of a known rank, where the op fixes the rank by itself."""

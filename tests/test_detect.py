@@ -77,3 +77,11 @@ def test_hand_made_masked_attention_is_found_with_its_mask() -> None:
 
 def test_no_attention_in_an_mlp() -> None:
     assert detect_attention(load_index(FIXTURES / "no_attention.onnx")) == []
+
+
+def test_fused_com_microsoft_multihead_attention_is_a_layer() -> None:
+    layer = detect_attention(load_index(FIXTURES / "ms_multihead_attention.onnx"))[0]
+    assert (layer.kind, layer.op_type) == ("fused", "com.microsoft.MultiHeadAttention")
+    assert (layer.q, layer.gathered_k, layer.gathered_v, layer.output) == ("q", "k", "v", "context")
+    # [batch, seq, hidden] inputs: the sequence is axis 1 of Q, K and V alike.
+    assert (layer.q_axis, layer.k_axis, layer.v_axis) == (1, 1, 1)

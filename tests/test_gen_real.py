@@ -107,3 +107,14 @@ def test_graph_io_finds_the_sequence_axis_of_folded_heads(name: str) -> None:
     hints = generate(load_index(REAL / TRUTH[name]["file"]), GenOptions(io="graph")).hints
     assert {t.name: t.seq_len_idx for t in hints.inputs} == TRUTH[name]["inputs"]
     assert {t.name: t.seq_len_idx for t in hints.outputs} == TRUTH[name]["outputs"]
+
+
+def test_fused_multihead_attention_hints_make_cp_exact(tmp_path: Path) -> None:
+    model = FIXTURES / "ms_multihead_attention.onnx"
+    out = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", out).exit_code == 0
+    hints = json.loads(out.read_text())
+    assert [(t["name"], t["seq_len_idx"]) for t in hints["inputs"]] == [("x", 1)]
+    assert [(t["name"], t["seq_len_idx"]) for t in hints["outputs"]] == [("y", 1)]
+    for ranks in (2, 4):
+        assert simulate(model, out, ranks=ranks, seq_len=8).ok
