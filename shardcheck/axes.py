@@ -43,8 +43,16 @@ class AxisMapper:
         self.index = index
         self.shapes = shapes
         self.seq = seq
+        # The frontier search asks the same questions in every round: answer each once.
+        self._memo: dict[tuple[int, int], AxisList | None] = {}
 
     def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
+        key = (node.index, out_axis)
+        if key not in self._memo:
+            self._memo[key] = self._input_axes(node, out_axis)
+        return self._memo[key]
+
+    def _input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         op = node.op_type
         out_rank = self.shapes.rank(node.outputs[0])
         if out_rank is None or not 0 <= out_axis < out_rank:

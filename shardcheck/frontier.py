@@ -176,13 +176,16 @@ def _sized_whole(
     return stops
 
 
-def _sized_by_whole(node: Node, sources: _ShapeSources, local: set[str]) -> bool:
-    """Whether a shape-like input of ``node`` comes from the Shape of a tensor not in
-    ``local`` (one that every rank holds whole)."""
+def _sized_by_whole(
+    node: Node, sources: _ShapeSources, region: set[str], reached: set[str]
+) -> bool:
+    """Whether a shape-like input of ``node`` comes from the Shape of a tensor that no rank
+    slices (in neither ``region`` nor ``reached``)."""
     for name in node.inputs:
         if name and name not in sources.derived:
-            if any(source not in local for source in sources.of(name)):
-                return True
+            for source in sources.of(name):
+                if source not in region and source not in reached:
+                    return True
     return False
 
 
@@ -377,6 +380,7 @@ def _must_be_whole(
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
     cuts that other nodes read outside the region: both must be computed whole."""
     needed: set[str] = set()
+    off_walk: set[str] = set()
     sliced = _sliced(index, cut)
     # One walk back from every cut at once (the union is what counts): through tensors
     # computed whole, to the Shape nodes that read a sliced tensor: one of the region, or one
@@ -393,9 +397,10 @@ def _must_be_whole(
             continue
         if producer.op_type in SHAPE_OPS and producer.inputs[0] in sliced:
             read = producer.inputs[0]
-            needed |= {read} if read in region else _region_ancestors(index, read, region)
+            (needed if read in region else off_walk).add(read)
             continue
         queue.extend(name for name in producer.inputs if name)
+    needed |= _region_ancestors(index, off_walk, region)
     for tensor in cut:
         outside = [
             c
@@ -417,10 +422,12 @@ def _sliced(index: GraphIndex, cut: dict[str, int]) -> set[str]:
     return sliced
 
 
-def _region_ancestors(index: GraphIndex, tensor: str, region: dict[str, int]) -> set[str]:
-    """The nearest region tensors that ``tensor`` is computed from."""
+def _region_ancestors(
+    index: GraphIndex, tensors: Iterable[str], region: dict[str, int]
+) -> set[str]:
+    """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
     found: set[str] = set()
-    queue = deque([tensor])
+    queue = deque(tensors)
     seen: set[str] = set()
     while queue:
         current = queue.popleft()
@@ -469,7 +476,7 @@ def _walk_forward(
                 continue
             out_axis = mapper.output_axis(consumer, tensor, axis)
             if out_axis is not None and sources is not None and region is not None:
-                if _sized_by_whole(consumer, sources, region | seen):
+                if _sized_by_whole(consumer, sources, region, seen):
                     out_axis = None
             if out_axis is None:
                 mixing.append(consumer)
