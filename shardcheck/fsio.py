@@ -38,6 +38,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     failure the temporary file is removed and the old file is untouched.
     """
     target, directory = output_target(path)
+    if target.exists() and not target.is_file():
+        _write_in_place(target, data)  # a device or a pipe (-o /dev/null): never replaced
+        return
     try:
         handle, temp_name = tempfile.mkstemp(
             prefix=f".{target.name}.", suffix=".tmp", dir=directory
@@ -66,6 +69,16 @@ def same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> 
         return os.path.samefile(first, second)
     except (OSError, ValueError):
         return False
+
+
+def _write_in_place(target: Path, data: bytes) -> None:
+    """Write into a file that is not a regular one. Renaming a temporary file over it would
+    replace the device or pipe itself (as root, /dev/null became a regular file)."""
+    try:
+        with open(target, "wb") as stream:
+            stream.write(data)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -336,7 +336,11 @@ def save_sharded_model(
     output_dir = output_dir.resolve()
     copied: list[Path] = []
     try:
-        if output_dir != source_dir:
+        # A device or a pipe (-o /dev/null) has no directory to hold weight files.
+        beside_output = output_dir != source_dir and not (
+            output_path.exists() and not output_path.is_file()
+        )
+        if beside_output:
             for location in sorted(external_locations(model)):
                 if _place_weight_file(source_dir / location, output_dir / location):
                     copied.append(output_dir / location)
