@@ -21,14 +21,17 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, ROOT
+from conftest import FIXTURES, GOLDEN, ROOT, run_cli
 
 from shardcheck.hints import dumps
 from shardcheck.hints_file import read_hints
@@ -179,3 +182,61 @@ def test_sigkill_at_any_moment_leaves_the_old_file_or_the_new_one(
     # Finishing afterwards writes the new bytes, whatever the kills left behind.
     assert _run(argv).returncode == 0
     assert output.read_bytes() == new
+
+
+# ------------------------------------------------------------------ outputs that are not files
+
+
+def _char_device(path: Path) -> Path:
+    """A node like /dev/null (1, 3) in the test's directory, never the real one: a regression
+    would replace it."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    return path
+
+
+def test_an_output_that_is_a_device_is_written_into_not_replaced(tmp_path: Path) -> None:
+    """'-o /dev/null' once replaced /dev/null by a regular file (a rename over the node)."""
+    shutil.copy(HINTS, tmp_path / "hints.json")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    model = weights / "model.onnx"
+    onnx.save_model(
+        onnx.load(MODEL), model, save_as_external_data=True, location="w.bin", size_threshold=0
+    )
+    (tmp_path / "m.toml").write_text(
+        f'[[tool.shardcheck.models]]\npath = "{model}"\ngolden = "hints.json"\n'
+    )
+    null = _char_device(tmp_path / "null")
+    before = sorted(tmp_path.iterdir())
+    for argv in (
+        ["gen", model, "-o", null],
+        ["shard", model, tmp_path / "hints.json", "-o", null],
+        ["fmt", tmp_path / "hints.json", "-o", null],
+        ["check", "--manifest", tmp_path / "m.toml", "--report", null],
+    ):
+        result = run_cli(*argv)
+        assert result.exit_code in (0, 1), result.stderr  # check: the golden may differ
+        assert stat.S_ISCHR(null.stat().st_mode), f"{argv[0]} replaced the device"
+        # no temporary file, and no weight file copied next to the device (shard)
+        assert sorted(tmp_path.iterdir()) == before, argv[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("command", ["gen -o", "shard -o"])
+def test_an_output_that_is_a_pipe_receives_the_bytes(tmp_path: Path, command: str) -> None:
+    argv, output, _, new = _project(tmp_path, command)
+    output.unlink()
+    os.mkfifo(output)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(output.read_bytes()), daemon=True)
+    reader.start()
+
+    result = run_cli(*argv)
+
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert received == [new]
+    assert stat.S_ISFIFO(output.stat().st_mode)
