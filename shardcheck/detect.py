@@ -228,25 +228,29 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
             if producer.op_type == "Trilu":
                 return f"Trilu node {producer.label}"
             if producer.op_type in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual") and all(
-                _reaches_range(index, name) for name in producer.inputs[:2]
+                reaches_range(index, name) for name in producer.inputs[:2]
             ):
                 return f"Range comparison node {producer.label}"
             queue.extend(name for name in producer.inputs if name)
     return None
 
 
-def _reaches_range(index: GraphIndex, tensor: str, depth: int = 8) -> bool:
+def reaches_range(
+    index: GraphIndex, tensor: str, *, depth: int = 8, excluding: Node | None = None
+) -> bool:
+    """Whether ``tensor`` is computed from a Range (other than ``excluding``) within ``depth``
+    producers (a bounded look: the number of tensors per level is capped)."""
     current = [tensor]
     for _ in range(depth):
-        nxt: list[str] = []
+        previous: list[str] = []
         for name in current:
             producer = index.producer_of(name)
-            if producer is None:
+            if producer is None or (excluding is not None and producer.index == excluding.index):
                 continue
             if producer.op_type == "Range":
                 return True
-            nxt.extend(i for i in producer.inputs if i)
-        current = nxt[:16]
+            previous.extend(i for i in producer.inputs if i)
+        current = previous[:32]
     return False
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
-from shardcheck.detect import AttentionLayer
+from shardcheck.detect import AttentionLayer, reaches_range
 from shardcheck.graph import GraphIndex, Node
 from shardcheck.shapes import ShapeInference
 
@@ -208,7 +208,7 @@ def _seeds(
             # from row to row: each rank needs its rows. A padding mask only broadcast along
             # the query axis is computed locally as it stands.
             axis = len(mask_shape) - 2
-            if layer.causal is not None or _axis_from_data(index, mapper, mask, axis):
+            if layer.causal is not None or _axis_ends(index, mapper, mask, axis)[1]:
                 yield mask, axis
 
 
@@ -232,7 +232,7 @@ def _whole_sized_masks(
             if mask in seeded or shape is None or len(shape) < 2 or shape[-2] == 1:
                 continue
             axis = len(shape) - 2
-            for origin in _axis_origins(index, mapper, mask, axis):
+            for origin in _axis_ends(index, mapper, mask, axis)[0]:
                 producer = index.producer_of(origin)
                 inputs = [origin] if producer is None else [n for n in producer.inputs if n]
                 sized_by = {
@@ -262,32 +262,20 @@ def _relative_position(index: GraphIndex, node: Node, depth: int = 8) -> bool:
             for consumer in index.consumers_of(tensor):
                 if consumer.op_type in RELATING_OPS:
                     others = [name for name in consumer.inputs[:2] if name and name != tensor]
-                    if any(_from_other_range(index, name, node) for name in others):
+                    if any(reaches_range(index, name, excluding=node) for name in others):
                         return True
                 following.extend(name for name in consumer.outputs if name)
         frontier = following[:32]
     return False
 
 
-def _from_other_range(index: GraphIndex, tensor: str, this: Node, depth: int = 8) -> bool:
-    current = [tensor]
-    for _ in range(depth):
-        previous: list[str] = []
-        for name in current:
-            producer = index.producer_of(name)
-            if producer is None or producer.index == this.index:
-                continue
-            if producer.op_type == "Range":
-                return True
-            previous.extend(i for i in producer.inputs if i)
-        current = previous[:32]
-    return False
-
-
-def _axis_origins(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> list[str]:
-    """The tensors where an axis begins, followed back through position-wise ops on every
-    path (graph inputs excluded)."""
+def _axis_ends(
+    index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int
+) -> tuple[list[str], bool]:
+    """Where an axis begins, followed back through position-wise ops on every path: the
+    tensors that create it, and whether some path reaches a graph input's own axis."""
     origins: list[str] = []
+    from_input = False
     queue = deque([(tensor, axis)])
     seen: set[tuple[str, int]] = set()
     while queue:
@@ -297,7 +285,9 @@ def _axis_origins(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int)
         seen.add(current)
         producer = index.producer_of(current[0])
         if producer is None:
-            if current[0] not in index.input_infos:
+            if current[0] in index.input_infos:
+                from_input = True
+            else:
                 origins.append(current[0])
             continue
         mapped = mapper.input_axes(producer, current[1])
@@ -305,25 +295,7 @@ def _axis_origins(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int)
             queue.extend(mapped)
         else:
             origins.append(current[0])
-    return origins
-
-
-def _axis_from_data(index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int) -> bool:
-    """Whether an axis comes from a graph input's own axis (not from broadcasting)."""
-    queue = deque([(tensor, axis)])
-    seen: set[tuple[str, int]] = set()
-    while queue:
-        current = queue.popleft()
-        if current in seen:
-            continue
-        seen.add(current)
-        producer = index.producer_of(current[0])
-        if producer is None:
-            return current[0] in index.input_infos
-        mapped = mapper.input_axes(producer, current[1])
-        if mapped:
-            queue.extend(mapped)
-    return False
+    return origins, from_input
 
 
 def _walk_back(
