@@ -9,31 +9,42 @@ the model's own input and output order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from shardcheck.graph import GraphIndex, Node
 
 
 def dependent_graph_inputs(index: GraphIndex, starts: Iterable[Node]) -> list[str]:
-    graph_inputs = set(index.graph_inputs)
-    found: set[str] = set()
-    seen: set[int] = set()
-    stack = [node.index for node in starts]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for tensor in index.nodes[current].inputs:
-            if tensor in graph_inputs:
-                found.add(tensor)
-            elif tensor in index.producer:
-                stack.append(index.producer[tensor])
+    found = _walk(
+        index,
+        starts,
+        edges=lambda node: node.inputs,
+        terminal=set(index.graph_inputs),
+        next_nodes=lambda tensor: [index.producer[tensor]] if tensor in index.producer else [],
+    )
     return [name for name in index.graph_inputs if name in found]
 
 
 def dependent_graph_outputs(index: GraphIndex, starts: Iterable[Node]) -> list[str]:
-    graph_outputs = set(index.graph_outputs)
+    found = _walk(
+        index,
+        starts,
+        edges=lambda node: node.outputs,
+        terminal=set(index.graph_outputs),
+        next_nodes=lambda tensor: index.consumers.get(tensor, ()),
+    )
+    return [name for name in index.graph_outputs if name in found]
+
+
+def _walk(
+    index: GraphIndex,
+    starts: Iterable[Node],
+    *,
+    edges: Callable[[Node], Iterable[str]],
+    terminal: set[str],
+    next_nodes: Callable[[str], Iterable[int]],
+) -> set[str]:
+    """The terminal tensors reached from ``starts``; the walk does not go past one."""
     found: set[str] = set()
     seen: set[int] = set()
     stack = [node.index for node in starts]
@@ -42,9 +53,9 @@ def dependent_graph_outputs(index: GraphIndex, starts: Iterable[Node]) -> list[s
         if current in seen:
             continue
         seen.add(current)
-        for tensor in index.nodes[current].outputs:
-            if tensor in graph_outputs:
+        for tensor in edges(index.nodes[current]):
+            if tensor in terminal:
                 found.add(tensor)
             else:
-                stack.extend(index.consumers.get(tensor, ()))
-    return [name for name in index.graph_outputs if name in found]
+                stack.extend(next_nodes(tensor))
+    return found

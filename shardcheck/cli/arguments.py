@@ -84,3 +84,14 @@ def dims_mapping(settings: tuple[tuple[str, int], ...]) -> dict[str, int]:
     if repeated:
         raise click.BadParameter(f"--dim {repeated[0]} is given more than once", param_hint="--dim")
     return dict(settings)
+
+
+# ``--format``: the same choice on every command that reports.
+FORMAT_OPTION = click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text for people, json for machines (the same content).",
+)

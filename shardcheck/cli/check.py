@@ -6,6 +6,7 @@ import json
 
 import click
 
+from shardcheck.cli.arguments import FORMAT_OPTION
 from shardcheck.fsio import atomic_write_text
 from shardcheck.gate import run_check
 from shardcheck.manifest import find_manifest, load_manifest
@@ -23,14 +24,7 @@ from shardcheck.manifest import find_manifest, load_manifest
 @click.option(
     "--verify", is_flag=True, help="Also verify the models whose entry has verify = true."
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text for people, json for machines.",
-)
+@FORMAT_OPTION
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 def check(
     manifest: str | None, update: bool, verify: bool, output_format: str, report: str | None

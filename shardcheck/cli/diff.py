@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from shardcheck.cli.arguments import FORMAT_OPTION
 from shardcheck.diff import diff_hints, render_json, render_text
 from shardcheck.hints_file import read_hints
 
@@ -11,14 +12,7 @@ from shardcheck.hints_file import read_hints
 @click.command()
 @click.argument("golden", type=click.Path())
 @click.argument("candidate", type=click.Path())
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text for people, json for machines.",
-)
+@FORMAT_OPTION
 @click.option(
     "--ignore",
     "ignore",

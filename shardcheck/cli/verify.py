@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from shardcheck.cli.arguments import DIM_SETTING, dims_mapping
+from shardcheck.cli.arguments import DIM_SETTING, FORMAT_OPTION, dims_mapping
 from shardcheck.verify import DEFAULT_SEQ_LENS, verify
 
 
@@ -48,13 +48,7 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     help="Seconds each onnxruntime run may take.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-)
+@FORMAT_OPTION
 def verify_command(
     model: str,
     hints: str,
