@@ -501,6 +501,44 @@ def ensure_big(out: Path, target_gb: float = 1.0, *, force: bool = False) -> Bui
     return built
 
 
+def ensure_external_copy(out: Path, source: BuiltModel, *, force: bool = False) -> BuiltModel:
+    """``source`` with its weights in ``weights.bin``: as deep, as an exporter writes big models."""
+    name = f"{source.name}-external"
+    params = {"version": GENERATOR_VERSION, "source": source.name, "bytes": source.file_bytes}
+    manifest = _read_manifest(out)
+    cached = None if force else _cached(manifest, name, params)
+    if cached is not None:
+        return cached
+    started = time.perf_counter()
+    directory = out / name
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "model.onnx"
+    weights = directory / "weights.bin"
+    weights.unlink(missing_ok=True)
+    onnx.save(
+        onnx.load(str(source.path)),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=weights.name,
+    )
+    built = BuiltModel(
+        name=name,
+        kind="external",
+        depth=source.depth,
+        path=path,
+        nodes=source.nodes,
+        file_bytes=path.stat().st_size,
+        external_bytes=weights.stat().st_size,
+        external_file=weights,
+    )
+    manifest = _read_manifest(out)
+    manifest[name] = {"params": params, "model": built.to_json()}
+    _write_manifest(out, manifest)
+    _log(f"built {path} + {weights.name} in {time.perf_counter() - started:.1f} s")
+    return built
+
+
 def ensure_models(
     out: Path = DEFAULT_OUT,
     depths: Sequence[int] = DEFAULT_DEPTHS,
@@ -509,7 +547,11 @@ def ensure_models(
     *,
     force: bool = False,
 ) -> list[BuiltModel]:
-    """Every model of the benchmark, built if missing or stale."""
+    """Every model of the benchmark, built if missing or stale.
+
+    With ``big_gb``: the model with that many GiB of external weights, and the deepest export
+    model again with its weights in an external file.
+    """
     out.mkdir(parents=True, exist_ok=True)
     models = [
         ensure_encoder(out, EncoderConfig(depth=depth, kind=kind), force=force)
@@ -518,6 +560,10 @@ def ensure_models(
     ]
     if big_gb:
         models.append(ensure_big(out, big_gb, force=force))
+        exports = [model for model in models if model.kind == "export"]
+        if exports:
+            deepest = max(exports, key=lambda model: model.depth)
+            models.append(ensure_external_copy(out, deepest, force=force))
     return models
 
 

@@ -14,13 +14,15 @@ How each figure is taken:
   gen, Polygraphy, ...), ``--repeats`` pairs per model, median wall time; peak memory is the
   child's ``ru_maxrss`` from ``os.wait4``. Polygraphy's log goes to /dev/null. The children run
   in a scratch directory, not in the model's.
-* in process: ``onnx.load(path, load_external_data=False)`` against what gen does after the
-  parse, run here the way ``shardcheck gen`` runs it: the rest of ``read_model`` (its checks:
-  ``read_model`` time minus the parse time of the same round), ``GraphIndex`` and ``generate``
-  with default options (and the hints serialized); median over ``--repeats`` rounds (at least 3).
-* external weights: gen's peak memory on the big model; that the weight file is never opened is
-  shown by tracing gen's ``open``/``openat`` calls with strace when it is installed, and by running
-  gen with the weight file renamed away (it must succeed and write the same hints).
+* in process (one fresh interpreter per model): ``onnx.load(path, load_external_data=False)``
+  against what gen does after the parse, the way ``shardcheck gen`` runs it: the rest of
+  ``read_model`` (its checks: ``read_model`` time minus the parse time of the same round),
+  ``GraphIndex`` and ``generate`` with default options (and the hints serialized); median over
+  ``--repeats`` rounds (at least 3).
+* external weights: gen's peak memory on the big model (>= 1 GiB of external weights) and on the
+  deepest export model saved with external weights; that a weight file is never opened is shown
+  by tracing gen's ``open``/``openat`` calls with strace when it is installed, and by running gen
+  with the weight file renamed away (it must succeed and write the same hints).
 * verify: ``shardcheck.verify.verify`` on the hints gen wrote, timed whole, against the time
   spent inside onnxruntime (session creation + runs, measured by wrapping
   ``onnxruntime.InferenceSession``).
@@ -32,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import gc
+import hashlib
 import importlib.util
 import json
 import os
@@ -167,6 +171,15 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
+def source_fingerprint() -> str:
+    """Changes when any shardcheck source file changes (others may edit the tree mid-run)."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "shardcheck").rglob("*.py")):
+        with contextlib.suppress(OSError):
+            digest.update(str(path).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
 def find_polygraphy() -> str | None:
     """Polygraphy's command on PATH, or next to this Python (a virtualenv's bin)."""
     beside = Path(sys.executable).parent / "polygraphy"
@@ -271,7 +284,23 @@ def measure_processes(
 # --------------------------------------------------------------------------- in process
 
 
-def measure_in_process(model: BuiltModel, repeats: int) -> InProcess:
+def measure_in_process(model: BuiltModel, repeats: int, env: dict[str, str]) -> InProcess:
+    """``in_process`` in a fresh interpreter (this one holds the other models' leftovers)."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--in-process", str(model.path)]
+        + ["--repeats", str(repeats)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        raise RuntimeError(f"exit {done.returncode}: {lines[-1]}")
+    return InProcess(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def in_process(path: str, repeats: int) -> InProcess:
     """onnx.load against gen's own steps after the parse, as ``shardcheck gen`` runs them."""
     from shardcheck.generate import generate
     from shardcheck.graph import GraphIndex
@@ -279,7 +308,6 @@ def measure_in_process(model: BuiltModel, repeats: int) -> InProcess:
     from shardcheck.loader import read_model
     from shardcheck.options import GenOptions
 
-    path = str(model.path)
     loads, checks, indexes, generates = [], [], [], []
     for _ in range(max(3, repeats)):
         gc.collect()
@@ -337,17 +365,17 @@ def prove_weights_unopened(launcher: Launcher, model: BuiltModel, scratch: Path)
     weights = model.external_file
     lines: list[str] = []
     never_opened = True
-    reference = scratch / "big.reference.json"
+    reference = scratch / f"{model.name}.reference.json"
     first = launcher.run(gen_command(model.path, reference), scratch)
     if not first.ok:
-        return BigModelProof((f"gen failed on the big model: {first.stderr.strip()}",), False)
+        return BigModelProof((f"gen failed: {first.stderr.strip()}",), False)
 
     strace = shutil.which("strace")
     if strace:
         log = scratch / "gen.strace"
         traced = launcher.run(
             [strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(log)]
-            + gen_command(model.path, scratch / "big.traced.json"),
+            + gen_command(model.path, scratch / f"{model.name}.traced.json"),
             scratch,
         )
         opens = log.read_text(errors="replace").splitlines() if log.exists() else []
@@ -365,7 +393,7 @@ def prove_weights_unopened(launcher: Launcher, model: BuiltModel, scratch: Path)
         lines.append("strace is not installed (apt-get install strace); not used")
 
     moved = weights.with_name(weights.name + ".moved-away")
-    moved_hints = scratch / "big.moved.json"
+    moved_hints = scratch / f"{model.name}.moved.json"
     weights.rename(moved)
     try:
         without = launcher.run(gen_command(model.path, moved_hints), scratch)
@@ -604,13 +632,12 @@ def linearity(results: Sequence[ModelResult]) -> list[tuple[str, float, str]]:
 def targets(
     results: Sequence[ModelResult],
     lines: Sequence[tuple[str, float, str]],
-    big: ModelResult | None,
-    proof: BigModelProof | None,
+    proofs: dict[str, BigModelProof],
 ) -> list[str]:
     def verdict(ok: bool | None) -> str:
         return "n/a" if ok is None else ("met" if ok else "NOT met")
 
-    deepest = [r for r in results if r.model.kind != "big"]
+    deepest = [r for r in results if r.model.kind in build_models.KINDS]
     out = []
     largest = max(deepest, key=lambda r: r.model.nodes, default=None)
     for result in [r for r in deepest if largest and r.model.depth == largest.model.depth]:
@@ -633,12 +660,15 @@ def targets(
             f"target 2 (linearity): {text}; target <= {LINEARITY_TARGET:g}x: "
             f"{verdict(ratio <= LINEARITY_TARGET)}"
         )
-    if big is not None:
-        run = _median_run(big.gen)
+    for external in [r for r in results if r.model.external_file is not None]:
+        run = _median_run(external.gen)
         peak = run.peak_kib / MIB if run and run.ok else None
+        proof = proofs.get(external.model.name)
+        label = "memory" if external.model.kind == "big" else "memory, same on a deep model"
         out.append(
-            f"target 3 (memory): gen's peak memory on {big.model.name} "
-            f"({big.model.external_bytes / 2**30:.2f} GiB external): "
+            f"target 3 ({label}): gen's peak memory on {external.model.name} "
+            f"({external.model.nodes} nodes, "
+            f"{external.model.external_bytes / 2**30:.2f} GiB external): "
             + (f"{peak:.0f} MiB" if peak is not None else "failed")
             + f"; target < {BIG_MEMORY_TARGET_MIB:g} MiB: "
             f"{verdict(None if peak is None else peak < BIG_MEMORY_TARGET_MIB)}; weight file "
@@ -671,14 +701,13 @@ def render(
     env: dict[str, str],
     results: Sequence[ModelResult],
     polygraphy: str | None,
-    proof: BigModelProof | None,
+    proofs: dict[str, BigModelProof],
     settings: str,
     checker: str | None = None,
 ) -> str:
     absent = "polygraphy not installed" if polygraphy is None else "-"
     rows = [table_row(result, absent) for result in results]
     lines = linearity(results)
-    big = next((r for r in results if r.model.kind == "big"), None)
     notes = [
         f"- Taken {env['date']} on {env['machine']}; Python {env['python']}; "
         f"{env['packages']}; shardcheck at {env['shardcheck']}.",
@@ -689,8 +718,8 @@ def render(
         "onnx.load), GraphIndex, generate (default options) and the hints' serialization.",
     ]
     notes += [f"- linearity: {text}" for _kind, _ratio_value, text in lines]
-    if proof is not None:
-        notes += [f"- external weights: {line}" for line in proof.lines]
+    for name, proof in proofs.items():
+        notes += [f"- {name}: {line}" for line in proof.lines]
     errors = [f"- {r.model.name}: {r.error}" for r in results if r.error]
     for result in results:
         for label, runs in (("gen", result.gen), ("Polygraphy", result.polygraphy or [])):
@@ -702,7 +731,7 @@ def render(
                 )
     if checker is not None:
         notes.append(f"- {checker}")
-    target_lines = targets(results, lines, big, proof)
+    target_lines = targets(results, lines, proofs)
     return "\n".join(
         [
             "# shardcheck benchmark",
@@ -750,15 +779,15 @@ def benchmark_model(
     result = ModelResult(model)
     _log(f"{model.name} ({model.nodes} nodes)")
 
-    def in_process() -> None:
-        result.in_process = measure_in_process(model, args.repeats)
+    def run_in_process() -> None:
+        result.in_process = measure_in_process(model, args.repeats, launcher.env)
 
     def processes() -> None:
         result.gen, result.polygraphy, result.hints = measure_processes(
             launcher, model, None if args.no_polygraphy else polygraphy, args.repeats, scratch
         )
 
-    _section("in process", in_process, result)
+    _section("in process", run_in_process, result)
     _section("gen vs Polygraphy", processes, result)
     runs_verify = model.kind in args.verify_kinds and result.hints and result.hints.exists()
     if runs_verify and result.hints is not None:
@@ -800,6 +829,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
     parser.add_argument("--quick", action="store_true", help="depths 12,48; 1 repeat; no big")
+    parser.add_argument("--in-process", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.depths = args.depths or [12, 48]
@@ -813,6 +843,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.in_process:  # the child of measure_in_process
+        print(json.dumps(dataclasses.asdict(in_process(args.in_process, args.repeats))))
+        return 0
     polygraphy = find_polygraphy()
     if polygraphy is None:
         _log("polygraphy not installed (pip install '.[test]'); its columns stay empty")
@@ -820,8 +853,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out, args.depths, args.kinds, None if args.no_big else args.big_gb
     )
     env = environment()
+    fingerprint = source_fingerprint()
     results: list[ModelResult] = []
-    proof: BigModelProof | None = None
+    proofs: dict[str, BigModelProof] = {}
     with tempfile.TemporaryDirectory(prefix="shardcheck-bench-") as directory:
         scratch = Path(directory)
         launcher = Launcher(scratch)
@@ -831,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(benchmark_model(launcher, model, args, polygraphy, scratch))
                 if model.external_file is not None:
                     _log("  proving the weight file is never opened")
-                    proof = prove_weights_unopened(launcher, model, scratch)
+                    proofs[model.name] = prove_weights_unopened(launcher, model, scratch)
         finally:
             launcher.close()
     settings = (
@@ -840,7 +874,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"ru_maxrss floor is {floor / MIB:.0f} MiB. verify and simulation ({args.ranks} ranks, "
         f"sequence length {args.seq_len}) on the {', '.join(sorted(args.verify_kinds))} models."
     )
-    text = render(env, results, polygraphy, proof, settings, checker_share(results))
+    if source_fingerprint() != fingerprint:
+        settings += (
+            " WARNING: shardcheck's sources changed during this run; the figures mix versions."
+        )
+        _log("warning: shardcheck's sources changed during the run; re-run for clean figures")
+    text = render(env, results, polygraphy, proofs, settings, checker_share(results))
     print(text)
     if not args.no_write:
         args.results.write_text(text)
