@@ -622,10 +622,14 @@ class _RuntimeCheck:
             aligned = tensor.seq_len_idx + value.ndim - rank
             return rows_equal and aligned == value.ndim - 1
 
+        ends = query | key | masks
+        # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
+        # only the others forward.
+        feeds_attention = _upstream(self.index, query | key, ends)
         for tensor in self.hints.inputs:
-            if not self.index.has_tensor(tensor.name):
+            if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
                 continue
-            reached = _reach(self.index, tensor.name, stop=set(), ends=query | key | masks)
+            reached = _reach(self.index, tensor.name, stop=set(), ends=ends)
             reached_masks = sorted(reached & masks)
             if reached & (query | key) or not reached_masks:
                 continue
@@ -669,6 +673,24 @@ def _reach(index: GraphIndex, start: str, stop: set[str], ends: set[str]) -> set
                 if output and output not in found and output not in stop:
                     found.add(output)
                     queue.append(output)
+    return found
+
+
+def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
+    """Every tensor from which ``_reach`` (with these ``ends``) would reach a target: a walk
+    back through data (not Shape), not going on past an end."""
+    found = set(targets)
+    queue = deque(targets)
+    while queue:
+        tensor = queue.popleft()
+        producer = index.producer_of(tensor)
+        if producer is None or producer.op_type in ("Shape", "Size"):
+            continue
+        for name in producer.inputs:
+            if name and name not in found:
+                found.add(name)
+                if name not in ends:
+                    queue.append(name)
     return found
 
 
