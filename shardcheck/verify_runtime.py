@@ -1,0 +1,470 @@
+"""verify's onnxruntime checks: runs at several lengths, and what their shapes say.
+
+The model runs once per sequence length with every hinted tensor, each layer's Q and gathered
+K and V and its masks exposed as outputs; the axis that changes with the length is the sequence
+axis, whatever the dims are called.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from shardcheck.budget import check_memory
+from shardcheck.detect import AttentionLayer
+from shardcheck.errors import InputError
+from shardcheck.feeds import make_feeds
+from shardcheck.graph import GraphIndex
+from shardcheck.hints import ShardHints, ShardTensor
+from shardcheck.report import ERROR, INFO, WARNING, Report
+from shardcheck.shapes import ShapeInference
+
+_ORT_NODE = re.compile(r"Name:'([^']*)'")
+Progress = Callable[[str], None]
+DimChooser = Callable[[int], dict[str, int]]
+
+
+class RuntimeCheck:
+    """onnxruntime runs at several lengths, and what their shapes say about the hints."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        hints: ShardHints,
+        by_q: dict[str, AttentionLayer],
+        report: Report,
+        seed: int,
+        timeout: float | None,
+        progress: Progress | None,
+        *,
+        shapes: ShapeInference | None = None,
+    ) -> None:
+        self.index = index
+        self.shapes = shapes
+        self.hints = hints
+        self.by_q = by_q
+        self.report = report
+        self.seed = seed
+        self.timeout = timeout
+        self.progress = progress
+        self.ran = False
+        self.mask_values: dict[str, np.ndarray] = {}
+
+    def watched(self) -> dict[str, str]:
+        """Tensor -> why it is watched (hint field)."""
+        watched: dict[str, str] = {}
+        for kind, tensors in (("inputs", self.hints.inputs), ("outputs", self.hints.outputs)):
+            for t in tensors:
+                if self.index.has_tensor(t.name):
+                    watched.setdefault(t.name, f"{kind}[name={t.name}]")
+        for hint in self.hints.attention_layers:
+            layer = self.by_q.get(hint.q)
+            if layer is not None:
+                watched.setdefault(layer.q, f"attention_layers[q={hint.q}]")
+                watched.setdefault(layer.gathered_k, "k_seq_len_idx")
+                watched.setdefault(layer.gathered_v, "v_seq_len_idx")
+                for mask in layer.masks:
+                    watched.setdefault(mask, "mask")
+        for name in self.index.graph_inputs:
+            watched.setdefault(name, "graph input")
+        return watched
+
+    def run(self, model_path: Path, seq_lens: list[int], choose: DimChooser) -> None:
+        watched = self.watched()
+        for length in seq_lens:  # every length fits in memory, or nothing runs
+            check_memory(
+                self.index,
+                choose(length),
+                seq_len=length,
+                shapes=self.shapes,
+                layers=self.by_q.values(),
+                kept=watched,
+            )
+        model = _with_outputs(
+            self.index, model_path, [n for n in watched if n not in self.index.graph_inputs]
+        )
+        session = _session(model, self.index.source)
+        shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
+        failures: dict[int, tuple[str, dict[str, int]]] = {}
+        for length in seq_lens:
+            dims = choose(length)
+            feeds = make_feeds(self.index, dims, self.seed)
+            started = time.perf_counter()
+            failure = _run(session, feeds, self.timeout, self.progress, length)
+            self.report.runs.append(
+                {
+                    "seq_len": length,
+                    "dims": dims,
+                    "seconds": time.perf_counter() - started,
+                    "ok": failure is None,
+                }
+            )
+            if failure is not None:
+                failures[length] = (failure, dims)
+                continue
+            outputs, values = session.last
+            if not shapes_by_len:
+                masks = {m for layer in self.by_q.values() for m in layer.masks}
+                self.mask_values = {
+                    n: v for n, v in zip(outputs, values, strict=True) if n in masks
+                }
+            shapes_by_len[length] = {
+                **{name: tuple(v.shape) for name, v in feeds.items()},
+                **{name: tuple(v.shape) for name, v in zip(outputs, values, strict=True)},
+            }
+        if failures:
+            length, (message, dims) = next(iter(failures.items()))
+            self._failed(length, message, sorted(shapes_by_len), dims)
+            return
+        self.ran = True
+        self._compare(shapes_by_len, seq_lens)
+
+    def _found(self, code: str, field: str) -> bool:
+        return any(f.code == code and f.field == field for f in self.report.findings)
+
+    def _failed(self, length: int, message: str, ran_at: list[int], dims: dict[str, int]) -> None:
+        match = _ORT_NODE.search(message)
+        node = match.group(1) if match else "unknown node"
+        chosen = ", ".join(f"{k}={v}" for k, v in dims.items())
+        if ran_at:
+            self.report.add(
+                "SC002",
+                ERROR,
+                "model",
+                f"the model runs at sequence length {', '.join(map(str, ran_at))} but not at "
+                f"{length}: the length is baked into it (at node {node}); each CP rank runs a "
+                f"shorter sequence, so it cannot be sharded. onnxruntime: {_short(message)}",
+                tensor=node,
+                expected="runs at any length",
+                observed=f"fails at {length}",
+            )
+        else:
+            self.report.add(
+                "SC001",
+                ERROR,
+                "model",
+                f"the model does not run in onnxruntime with {chosen} (node {node}): "
+                f"{_short(message)}",
+                tensor=node,
+                expected="runs",
+                observed="fails",
+            )
+
+    def _compare(self, shapes: dict[int, dict[str, tuple[int, ...]]], seq_lens: list[int]) -> None:
+        first, second = shapes[seq_lens[0]], shapes[seq_lens[1]]
+        if all(first[name] == second[name] for name in self.index.graph_inputs):
+            self.report.add(
+                "SC120",
+                INFO,
+                "model",
+                "no input of the model changes with the sequence length (it is fixed by the "
+                "inputs, e.g. image patches); the axis checks by running were skipped",
+            )
+            return
+
+        def changing(name: str) -> list[int] | None:
+            a, b = first.get(name), second.get(name)
+            if a is None or b is None:
+                return None
+            if len(a) != len(b):
+                return None
+            return [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+
+        for kind, tensors in (("inputs", self.hints.inputs), ("outputs", self.hints.outputs)):
+            for tensor in tensors:
+                axes = changing(tensor.name)
+                if axes is None:
+                    continue
+                field = f"{kind}[name={tensor.name}]"
+                rank = len(first[tensor.name])
+                if (
+                    tensor.rank is not None
+                    and tensor.rank != rank
+                    and not self._found("SC104", f"{field}.rank")
+                ):
+                    self.report.add(
+                        "SC104",
+                        ERROR,
+                        f"{field}.rank",
+                        f"rank {tensor.rank} given for {tensor.name!r}; it has rank {rank}",
+                        tensor=tensor.name,
+                        expected=rank,
+                        observed=tensor.rank,
+                    )
+                if not axes:
+                    self.report.add(
+                        "SC117",
+                        ERROR,
+                        f"{field}.seq_len_idx",
+                        f"{tensor.name!r} does not change with the sequence length: it has no "
+                        "sequence axis to split",
+                        tensor=tensor.name,
+                        expected="a sequence axis",
+                        observed="none",
+                    )
+                elif tensor.seq_len_idx not in axes:
+                    self.report.add(
+                        "SC101",
+                        ERROR,
+                        f"{field}.seq_len_idx",
+                        f"{tensor.name!r} carries the sequence on axis {axes[0]} (shape "
+                        f"{first[tensor.name]} at length {seq_lens[0]}, {second[tensor.name]} at "
+                        f"{seq_lens[1]}), not on axis {tensor.seq_len_idx}",
+                        tensor=tensor.name,
+                        expected=axes[0],
+                        observed=tensor.seq_len_idx,
+                    )
+        self._compare_layers(changing, first)
+        self._unhinted_inputs(changing)
+        self._key_only_inputs(first)
+
+    def _compare_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
+        for hint in self.hints.attention_layers:
+            layer = self.by_q.get(hint.q)
+            if layer is None:
+                continue
+            for code, field, tensor, hinted in (
+                ("SC105", "k_seq_len_idx", layer.gathered_k, self.hints.k_seq_len_idx),
+                ("SC106", "v_seq_len_idx", layer.gathered_v, self.hints.v_seq_len_idx),
+            ):
+                axes = changing(tensor)
+                if axes and axes != [hinted] and not self._found(code, field):
+                    self.report.add(
+                        code,
+                        ERROR,
+                        field,
+                        f"layer {layer.name}: the gathered tensor {tensor} changes with the "
+                        f"sequence on axis {axes} (observed), the hints gather axis {hinted}",
+                        tensor=tensor,
+                        expected=axes[0],
+                        observed=hinted,
+                    )
+            axes = changing(layer.q)
+            rank = len(first.get(layer.q, ()))
+            if axes is not None and axes != [rank - 2]:
+                self.report.add(
+                    "SC118",
+                    WARNING,
+                    f"attention_layers[q={hint.q}]",
+                    f"layer {layer.name}: Q {layer.q} changes on axes {axes}, expected its "
+                    f"query axis {rank - 2}",
+                    tensor=layer.q,
+                    expected=rank - 2,
+                    observed=axes,
+                )
+
+    def _unhinted_inputs(self, changing: Callable[[str], list[int] | None]) -> None:
+        hinted = {t.name for t in self.hints.inputs}
+        query, key, masks = _attention_sides(self.by_q, self.hints)
+        for name in self.index.graph_inputs:
+            if name in hinted or not changing(name):
+                continue
+            reached = _reach(self.index, name, stop=hinted, ends=query | key | masks)
+            if reached & (query | key):
+                self.report.add(
+                    "SC115",
+                    ERROR,
+                    "inputs",
+                    f"graph input {name!r} carries the sequence and reaches the "
+                    f"{'query' if reached & query else 'key/value'} side of an attention layer "
+                    "without passing a hinted tensor: it must be scattered (add it, or a tensor "
+                    "computed from it, to inputs)",
+                    tensor=name,
+                    expected="scattered",
+                    observed="whole",
+                )
+            elif reached & masks:
+                self.report.add(
+                    "SC119",
+                    INFO,
+                    "inputs",
+                    f"graph input {name!r} carries the sequence but reaches only the key side "
+                    "(a mask over the keys): it stays whole on every rank, which is right",
+                    tensor=name,
+                    expected="whole",
+                    observed="whole",
+                )
+
+    def _key_only_inputs(self, first: dict[str, tuple[int, ...]]) -> None:
+        """A hinted tensor that reaches no Q, K or V, only masks whose rows are all equal
+        (masks over the keys), and whose hinted axis lines up with their key axis: scattering
+        it cuts the mask over the keys, which must stay whole since K and V are gathered whole.
+        (Scattering such a mask along its query axis is right: each rank gets its rows.)"""
+        query, key, masks = _attention_sides(self.by_q, self.hints)
+
+        def cut_over_keys(mask: str, tensor: ShardTensor) -> bool:
+            value = self.mask_values.get(mask)
+            rank = len(first.get(tensor.name, ()))
+            if value is None or value.ndim < 2 or not rank:
+                return False
+            rows_equal = np.array_equal(value, np.broadcast_to(value[..., :1, :], value.shape))
+            aligned = tensor.seq_len_idx + value.ndim - rank
+            return rows_equal and aligned == value.ndim - 1
+
+        ends = query | key | masks
+        # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
+        # only the others forward.
+        feeds_attention = _upstream(self.index, query | key, ends)
+        for tensor in self.hints.inputs:
+            if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
+                continue
+            reached = _reach(self.index, tensor.name, stop=set(), ends=ends)
+            reached_masks = sorted(reached & masks)
+            if reached & (query | key) or not reached_masks:
+                continue
+            if all(cut_over_keys(mask, tensor) for mask in reached_masks):
+                self.report.add(
+                    "SC116",
+                    ERROR,
+                    f"inputs[name={tensor.name}]",
+                    f"{tensor.name!r} reaches no Q, K or V, only the mask {reached_masks[0]}, "
+                    "whose rows are all equal (a mask over the keys); scattering it cuts the "
+                    "mask over the keys while K and V are gathered whole: leave it out of inputs",
+                    tensor=tensor.name,
+                    expected="not scattered",
+                    observed="scattered",
+                )
+
+
+def _attention_sides(
+    by_q: dict[str, AttentionLayer], hints: ShardHints
+) -> tuple[set[str], set[str], set[str]]:
+    layers = [by_q[h.q] for h in hints.attention_layers if h.q in by_q] or list(by_q.values())
+    query = {layer.q for layer in layers}
+    key = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
+    masks = {m for layer in layers for m in layer.masks}
+    return query, key, masks
+
+
+def _reach(index: GraphIndex, start: str, stop: set[str], ends: set[str]) -> set[str]:
+    """Every tensor computed from ``start`` (through data, not through Shape), not passing
+    the tensors in ``stop`` and not going on past those in ``ends`` (the attention inputs)."""
+    found = {start}
+    queue = deque([start])
+    while queue:
+        tensor = queue.popleft()
+        if tensor in ends and tensor != start:
+            continue
+        for consumer in index.consumers_of(tensor):
+            if consumer.op_type in ("Shape", "Size"):
+                continue
+            for output in consumer.outputs:
+                if output and output not in found and output not in stop:
+                    found.add(output)
+                    queue.append(output)
+    return found
+
+
+def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
+    """Every tensor from which ``_reach`` (with these ``ends``) would reach a target: a walk
+    back through data (not Shape), not going on past an end."""
+    found = set(targets)
+    queue = deque(targets)
+    while queue:
+        tensor = queue.popleft()
+        producer = index.producer_of(tensor)
+        if producer is None or producer.op_type in ("Shape", "Size"):
+            continue
+        for name in producer.inputs:
+            if name and name not in found:
+                found.add(name)
+                if name not in ends:
+                    queue.append(name)
+    return found
+
+
+class _Session:
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.last: tuple[list[str], list[np.ndarray]] = ([], [])
+
+
+def _session(model: onnx.ModelProto, source: str) -> _Session:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 4
+    try:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise InputError(
+            f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"
+        ) from None
+    return _Session(session)
+
+
+def _run(
+    session: _Session,
+    feeds: dict[str, np.ndarray],
+    timeout: float | None,
+    progress: Progress | None,
+    length: int,
+) -> str | None:
+    """Run once; the error message on failure. A timeout cancels the run."""
+    import onnxruntime
+
+    run_options = onnxruntime.RunOptions()
+    timers: list[threading.Timer] = []
+    if progress is not None:
+        timers.append(
+            threading.Timer(
+                1.0, progress, args=(f"running onnxruntime at sequence length {length}...",)
+            )
+        )
+    if timeout is not None:
+        timers.append(threading.Timer(timeout, lambda: setattr(run_options, "terminate", True)))
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    try:
+        values = session.session.run(session.outputs, feeds, run_options)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        if run_options.terminate:
+            raise InputError(
+                f"onnxruntime did not finish within --timeout {timeout} s (sequence length "
+                f"{length}); give it more time or use shorter --seq-lens"
+            ) from None
+        return " ".join(str(exc).split())
+    finally:
+        for timer in timers:
+            timer.cancel()
+    session.last = (session.outputs, values)
+    return None
+
+
+def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> onnx.ModelProto:
+    """The model with ``extra`` tensors as outputs too, and its weights loaded."""
+    model = onnx.ModelProto()
+    model.CopyFrom(index.model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(path.resolve().parent))
+        except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
+            raise InputError(f"{path}: cannot read its external weights: {exc}") from None
+    present = {o.name for o in model.graph.output}
+    for name in extra:
+        if name not in present and name not in index.initializers:
+            info = onnx.ValueInfoProto()
+            info.name = name
+            model.graph.output.append(info)
+            present.add(name)
+    return model
+
+
+def _short(message: str, limit: int = 300) -> str:
+    message = " ".join(message.split())
+    return message if len(message) <= limit else message[: limit - 3] + "..."

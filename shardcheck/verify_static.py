@@ -1,0 +1,206 @@
+"""verify's static checks: what the hints say against what the graph index says, no runs."""
+
+from __future__ import annotations
+
+from shardcheck.detect import AttentionLayer
+from shardcheck.graph import GraphIndex
+from shardcheck.hints import REDUCE_OPS, ShardHints, ShardTensor
+from shardcheck.report import ERROR, WARNING, Report
+from shardcheck.shapes import ShapeInference
+
+
+def check_static(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    hints: ShardHints,
+    layers: list[AttentionLayer],
+    report: Report,
+) -> None:
+    by_q = {layer.q: layer for layer in layers}
+    for kind, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
+        for tensor in tensors:
+            _check_tensor(index, shapes, kind, tensor, report)
+    for position, hint in enumerate(hints.attention_layers):
+        if hint.q not in by_q:
+            where = "a tensor of the model" if index.has_tensor(hint.q) else "not in the model"
+            report.add(
+                "SC108",
+                ERROR,
+                f"attention_layers[q={hint.q}]",
+                f"attention_layers[{position}].q {hint.q!r} is {where}, but not the Q of any "
+                "attention layer found in it (the first input of a score MatMul or of a fused "
+                "attention node)",
+                tensor=hint.q,
+                expected="Q of a layer",
+                observed="no layer",
+            )
+    hinted = {hint.q for hint in hints.attention_layers}
+    for layer in layers:
+        if layer.q not in hinted:
+            report.add(
+                "SC109",
+                ERROR,
+                "attention_layers",
+                f"attention layer {layer.name} (Q {layer.q}) is not in the hints: its K and V "
+                "would not be gathered, so it would attend to local positions only",
+                tensor=layer.q,
+                expected="hinted",
+                observed="missing",
+            )
+        elif not layer.polygraphy_recognises:
+            report.add(
+                "SC110",
+                WARNING,
+                f"attention_layers[q={layer.q}]",
+                f"layer {layer.name} matches neither of Polygraphy's attention patterns: "
+                "'polygraphy multi-device shard' will skip it and compute it over local K/V "
+                "only ('shardcheck shard' handles it)",
+                tensor=layer.q,
+            )
+    _check_kv(hints, [by_q[h.q] for h in hints.attention_layers if h.q in by_q], report)
+    _check_layers(hints, shapes, by_q, report)
+    _check_collectives(hints, report)
+
+
+def _check_tensor(
+    index: GraphIndex, shapes: ShapeInference, kind: str, tensor: ShardTensor, report: Report
+) -> None:
+    field = f"{kind}[name={tensor.name}]"
+    if not index.has_tensor(tensor.name):
+        report.add(
+            "SC102",
+            ERROR,
+            f"{field}.name",
+            f"{kind} tensor {tensor.name!r} is not a tensor of the model (renamed by a re-export?)",
+            tensor=tensor.name,
+            expected="a tensor of the model",
+            observed="absent",
+        )
+        return
+    rank = shapes.rank(tensor.name)
+    if rank is not None and tensor.seq_len_idx >= rank:
+        report.add(
+            "SC103",
+            ERROR,
+            f"{field}.seq_len_idx",
+            f"seq_len_idx {tensor.seq_len_idx} of {tensor.name!r} is outside its rank {rank}",
+            tensor=tensor.name,
+            expected=f"< {rank}",
+            observed=tensor.seq_len_idx,
+        )
+    if rank is not None and tensor.rank is not None and tensor.rank != rank:
+        report.add(
+            "SC104",
+            ERROR,
+            f"{field}.rank",
+            f"rank {tensor.rank} given for {tensor.name!r}, the model says {rank}",
+            tensor=tensor.name,
+            expected=rank,
+            observed=tensor.rank,
+        )
+
+
+def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -> None:
+    for what, code, hinted, axis_of in (
+        ("k_seq_len_idx", "SC105", hints.k_seq_len_idx, lambda layer: layer.k_axis),
+        ("v_seq_len_idx", "SC106", hints.v_seq_len_idx, lambda layer: layer.v_axis),
+    ):
+        wrong = [layer for layer in layers if axis_of(layer) not in (None, hinted)]
+        if wrong:
+            needed = sorted({axis_of(layer) for layer in wrong})
+            report.add(
+                code,
+                ERROR,
+                what,
+                f"{what} is {hinted}, but the gathered tensor of layer {wrong[0].name} has the "
+                f"sequence on axis {axis_of(wrong[0])} (MatMul's K is [..., D, S] when the model "
+                f"computes q @ k^T); {len(wrong)} layer(s) affected",
+                tensor=wrong[0].gathered_k if code == "SC105" else wrong[0].gathered_v,
+                expected=", ".join(map(str, needed)),
+                observed=hinted,
+            )
+    ranks = {layer.k_rank for layer in layers} | {layer.v_rank for layer in layers}
+    ranks.discard(None)
+    if hints.kv_rank is not None and ranks and hints.kv_rank not in ranks:
+        report.add(
+            "SC107",
+            ERROR,
+            "kv_rank",
+            f"kv_rank is {hints.kv_rank}, the gathered K/V have rank {sorted(ranks)}",
+            expected=", ".join(map(str, sorted(ranks))),
+            observed=hints.kv_rank,
+        )
+
+
+def _check_layers(
+    hints: ShardHints, shapes: ShapeInference, by_q: dict[str, AttentionLayer], report: Report
+) -> None:
+    gather_q = {hint.gather_q for hint in hints.attention_layers}
+    if len(gather_q) > 1:
+        report.add(
+            "SC111",
+            ERROR,
+            "attention_layers[*].gather_q",
+            "gather_q differs between layers; Polygraphy's shard decides the final all-gather "
+            "from any layer, so it must be the same on every layer",
+            expected="the same on every layer",
+            observed="true and false",
+        )
+    for hint in hints.attention_layers:
+        if hint.replace is None:
+            continue
+        layer = by_q.get(hint.q)
+        for name, shuffle, tensor in (
+            ("q_shuffle", hint.replace.q_shuffle, layer.q if layer else None),
+            ("k_shuffle", hint.replace.k_shuffle, layer.k if layer else None),
+            ("v_shuffle", hint.replace.v_shuffle, layer.v if layer else None),
+        ):
+            if not shuffle:
+                continue
+            rank = shapes.rank(tensor) if tensor else None
+            expected_len = rank if rank is not None else len(shuffle)
+            if sorted(shuffle) != list(range(len(shuffle))) or len(shuffle) != expected_len:
+                report.add(
+                    "SC112",
+                    ERROR,
+                    f"attention_layers[q={hint.q}].replace.{name}",
+                    f"{name} {list(shuffle)} is not a permutation of the {expected_len} axes",
+                    expected=f"a permutation of 0..{expected_len - 1}",
+                    observed=list(shuffle),
+                )
+
+
+def _check_collectives(hints: ShardHints, report: Report) -> None:
+    dist = hints.dist_collectives
+    if dist.reduce_op not in REDUCE_OPS:
+        report.add(
+            "SC113",
+            ERROR,
+            "dist_collectives.reduce_op",
+            "unknown reduce_op",
+            observed=dist.reduce_op,
+        )
+    if dist.root != -1 and dist.group_size and dist.root >= dist.group_size:
+        report.add(
+            "SC113",
+            ERROR,
+            "dist_collectives.root",
+            f"root {dist.root} is not a rank of a group of {dist.group_size}",
+            expected=f"-1 or < {dist.group_size}",
+            observed=dist.root,
+        )
+    if dist.reduce_op in ("sum", "prod") and hints.inputs:
+        report.add(
+            "SC114",
+            ERROR,
+            "dist_collectives.reduce_op",
+            f"reduce_op {dist.reduce_op!r}: every rank holds the same whole copy of each hinted "
+            "input, so reduce-scattering with sum or prod multiplies the values "
+            f"({hints.inputs[0].name} first); use max, min or avg",
+            tensor=hints.inputs[0].name,
+            expected="max, min or avg",
+            observed=dist.reduce_op,
+        )
+
+
+# --------------------------------------------------------------------------- runtime checks
