@@ -93,7 +93,30 @@ def find_frontier(
     gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
     result.outputs = _ordered(index, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
+    _check_layer_insides(index, layers, sources, set(region), result)
     return result
+
+
+def _check_layer_insides(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    sources: _ShapeSources,
+    region: set[str],
+    result: Frontier,
+) -> None:
+    """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
+    sized by a whole tensor's Shape (Bloom reshapes its scores with the length of a tensor the
+    cuts leave whole) gets the whole length next to sliced scores."""
+    for layer in layers:
+        for node_index in layer.internal:
+            node = index.nodes[node_index]
+            if node.op_type in SHAPE_OPS or not _sized_by_whole(node, sources, region, set()):
+                continue
+            result.warnings.append(
+                f"no exact cut inside layer {layer.name}: {node.label} is sized by the length "
+                "of a tensor every rank holds whole; CP may not be exact"
+            )
+            break
 
 
 def _check_cuts(
