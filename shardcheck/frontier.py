@@ -205,7 +205,8 @@ def _sized_by_whole(
     """Whether a shape-like input of ``node`` comes from the Shape of a tensor that no rank
     slices (in neither ``region`` nor ``reached``)."""
     for name in node.inputs:
-        if name and name not in sources.derived:
+        # An input that is itself sliced (scattered, or computed from a slice) is no size.
+        if name and name not in sources.derived and name not in region and name not in reached:
             for source in sources.of(name):
                 if source not in region and source not in reached:
                     return True
