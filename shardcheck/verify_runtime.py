@@ -79,15 +79,17 @@ class RuntimeCheck:
 
     def run(self, model_path: Path, seq_lens: list[int], choose: DimChooser) -> None:
         watched = self.watched()
-        for length in seq_lens:  # every length fits in memory, or nothing runs
-            check_memory(
-                self.index,
-                choose(length),
-                seq_len=length,
-                shapes=self.shapes,
-                layers=self.by_q.values(),
-                kept=watched,
-            )
+        # Every length fits in memory, or nothing runs. Only the sequence dim differs between
+        # the runs and no tensor shrinks as it grows: the longest run is the one to check.
+        longest = max(seq_lens)
+        check_memory(
+            self.index,
+            choose(longest),
+            seq_len=longest,
+            shapes=self.shapes,
+            layers=self.by_q.values(),
+            kept=watched,
+        )
         model = _with_outputs(
             self.index, model_path, [n for n in watched if n not in self.index.graph_inputs]
         )
@@ -388,16 +390,14 @@ class _Session:
         self.last: tuple[list[str], list[np.ndarray]] = ([], [])
 
 
-def _session(model: onnx.ModelProto, source: str) -> _Session:
+def _session(model: bytes, source: str) -> _Session:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 4
     try:
-        session = onnxruntime.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InputError(
             f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"
@@ -444,25 +444,33 @@ def _run(
     return None
 
 
-def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> onnx.ModelProto:
-    """The model with ``extra`` tensors as outputs too, and its weights loaded."""
-    model = onnx.ModelProto()
-    model.CopyFrom(index.model)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> bytes:
+    """The serialized model with ``extra`` tensors as outputs too, and its weights in it."""
+    model = index.model
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    if external:
         from onnx.external_data_helper import load_external_data_for_model
 
+        model = onnx.ModelProto()
+        model.CopyFrom(index.model)
         try:
             load_external_data_for_model(model, str(path.resolve().parent))
         except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
             raise InputError(f"{path}: cannot read its external weights: {exc}") from None
-    present = {o.name for o in model.graph.output}
-    for name in extra:
-        if name not in present and name not in index.initializers:
-            info = onnx.ValueInfoProto()
-            info.name = name
-            model.graph.output.append(info)
-            present.add(name)
-    return model
+    outputs = model.graph.output
+    declared = len(outputs)
+    present = {o.name for o in outputs}
+    try:
+        for name in extra:
+            if name not in present and name not in index.initializers:
+                info = outputs.add()
+                info.name = name
+                present.add(name)
+        return model.SerializeToString()
+    finally:
+        # Without external weights the index's own model was lent (a copy of every inline
+        # weight saved): give it back as it was.
+        del outputs[declared:]
 
 
 def _short(message: str, limit: int = 300) -> str:
