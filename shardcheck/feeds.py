@@ -247,8 +247,9 @@ def embedding_table_size(index: GraphIndex, name: str) -> int | None:
 # --------------------------------------------------------------------------- running
 
 
-def make_session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
-    """An onnxruntime CPU session, sequential, one intra-op thread (repeatable and light)."""
+def make_session(model: onnx.ModelProto | bytes) -> onnxruntime.InferenceSession:
+    """An onnxruntime CPU session, sequential, one intra-op thread (repeatable and light);
+    ``model`` is a proto or its serialized bytes."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -256,9 +257,8 @@ def make_session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 4
-    return onnxruntime.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    serialized = model if isinstance(model, bytes) else model.SerializeToString()
+    return onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
 
 
 def run_model(

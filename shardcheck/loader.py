@@ -104,16 +104,6 @@ def _format_of(file: Path) -> str:
     return serialization.registry.get_format_from_file_extension(file.suffix) or _PROTOBUF
 
 
-def check_external_data(model: onnx.ModelProto, file: Path) -> list[onnx.TensorProto]:
-    """Refuse external data that points outside the model's directory (never opens it).
-
-    Returns the external tensors (initializers and tensor attributes, subgraphs included).
-    """
-    external = [tensor for tensor in _dense_tensors(model) if tensor.data_location == _EXTERNAL]
-    _check_external_tensors(external, file)
-    return external
-
-
 @dataclass(frozen=True)
 class _Scan:
     duplicate_names: set[str]

@@ -21,7 +21,7 @@ import onnx
 from shardcheck.budget import check_memory
 from shardcheck.detect import AttentionLayer
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds
+from shardcheck.feeds import make_feeds, make_session
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.report import ERROR, INFO, WARNING, Report
@@ -391,13 +391,8 @@ class _Session:
 
 
 def _session(model: bytes, source: str) -> _Session:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 4
     try:
-        session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        session = make_session(model)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InputError(
             f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"

@@ -19,8 +19,7 @@ from shardcheck.cli.arguments import expand_list_options
 from shardcheck.errors import ShardcheckError
 
 EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_INPUT_ERROR = 2
+EXIT_INPUT_ERROR = 2  # findings and differences are 1: the commands return it
 
 
 def error_line(message: str) -> None:

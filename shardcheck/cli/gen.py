@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from shardcheck.cli import warning_line
 from shardcheck.cli.arguments import INT_LIST
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
@@ -129,6 +130,6 @@ def gen(model: str, output: str, **options: object) -> int:
             raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
     result = generate(index, gen_options)
     for warning in result.warnings:
-        click.echo(f"shardcheck: warning: {warning}", err=True)
+        warning_line(warning)
     write_hints(output, result.hints)
     return 0
