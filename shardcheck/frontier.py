@@ -86,12 +86,13 @@ def find_frontier(
             break
         whole |= needed
         seeds.extend(masks)
-    result.inputs = _ordered(index, shapes, cut)
+    order = _graph_order(index)
+    result.inputs = _ordered(order, shapes, cut)
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
     gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
-    result.outputs = _ordered(index, shapes, gathered)
+    result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
     _check_layer_insides(index, layers, sources, set(region), result)
     return result
@@ -156,12 +157,14 @@ class _ShapeSources:
         self.index = index
         self.derived = derived
         self.memo: dict[str, frozenset[str]] = {}
+        self.sizing_memo: dict[tuple[int, int], frozenset[str]] = {}
 
     def of(self, tensor: str) -> frozenset[str]:
         if tensor in self.memo:
             return self.memo[tensor]
         self.memo[tensor] = frozenset()  # guards against cycles in malformed graphs
-        producer = self.index.producer_of(tensor)
+        producer_index = self.index.producer.get(tensor)
+        producer = None if producer_index is None else self.index.nodes[producer_index]
         found: set[str] = set()
         if producer is not None:
             if producer.op_type in SHAPE_OPS:
@@ -172,6 +175,24 @@ class _ShapeSources:
                         found |= self.of(name)
         self.memo[tensor] = frozenset(found)
         return self.memo[tensor]
+
+    def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[str]:
+        """The tensors whose Shape sizes ``node``'s output along ``axis``: the sources of its
+        shape-like inputs other than those the axis comes from. The same in every round."""
+        key = (node_index, axis)
+        found = self.sizing_memo.get(key)
+        if found is None:
+            node = self.index.nodes[node_index]
+            mapped = mapper.input_axes(node, axis) or []
+            followed = {name for name, _ in mapped}
+            found = frozenset(
+                source
+                for name in node.inputs
+                if name and name not in followed and name not in self.derived
+                for source in self.of(name)
+            )
+            self.sizing_memo[key] = found
+        return found
 
 
 def _sized_whole(
@@ -186,16 +207,10 @@ def _sized_whole(
     length, so the cut has to be at it, not before."""
     stops: set[str] = set()
     for node_index in region_nodes:
-        node = index.nodes[node_index]
-        output = node.outputs[0]
-        mapped = mapper.input_axes(node, region.get(output, 0)) or []
-        followed = {name for name, _ in mapped}
-        for name in node.inputs:
-            if not name or name in followed or name in sources.derived:
-                continue
-            if any(source not in region for source in sources.of(name)):
-                stops.add(output)
-                break
+        output = index.nodes[node_index].outputs[0]
+        sized_by = sources.sizing(node_index, region.get(output, 0), mapper)
+        if sized_by and not sized_by <= region.keys():
+            stops.add(output)
     return stops
 
 
@@ -381,21 +396,24 @@ def _must_be_whole(
     # One walk back from every cut at once (the union is what counts): through tensors
     # computed whole, to the Shape nodes that read a sliced tensor: one of the region, or one
     # computed from it off the walk (BART takes its positions' length from such a tensor).
+    producers = index.producer
+    nodes = index.nodes
     queue = deque(cut)
-    seen: set[str] = set()
+    seen = set(cut)
     while queue:
         current = queue.popleft()
-        if current in seen:
+        producer_index = producers.get(current)
+        if producer_index is None or (current in region and current not in cut):
             continue
-        seen.add(current)
-        producer = index.producer_of(current)
-        if producer is None or (current in region and current not in cut):
-            continue
+        producer = nodes[producer_index]
         if producer.op_type in SHAPE_OPS and producer.inputs[0] in sliced:
             read = producer.inputs[0]
             (needed if read in region else off_walk).add(read)
             continue
-        queue.extend(name for name in producer.inputs if name)
+        for name in producer.inputs:
+            if name and name not in seen:
+                seen.add(name)
+                queue.append(name)
     needed |= _region_ancestors(index, off_walk, region)
     for tensor in cut:
         outside = [
@@ -412,9 +430,18 @@ def _sliced(index: GraphIndex, cut: dict[str, int]) -> set[str]:
     """The tensors computed from a scattered one through data (what a rank holds a slice of,
     or derived from a slice)."""
     sliced = set(cut)
-    for node in index.nodes:
-        if node.op_type not in SHAPE_OPS and any(name in sliced for name in node.inputs):
-            sliced.update(name for name in node.outputs if name)
+    queue = deque(cut)
+    nodes = index.nodes
+    consumers = index.consumers
+    while queue:
+        for node_index in consumers.get(queue.popleft(), ()):
+            node = nodes[node_index]
+            if node.op_type in SHAPE_OPS:
+                continue
+            for name in node.outputs:
+                if name and name not in sliced:
+                    sliced.add(name)
+                    queue.append(name)
     return sliced
 
 
@@ -423,19 +450,22 @@ def _region_ancestors(
 ) -> set[str]:
     """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
     found: set[str] = set()
+    producers = index.producer
+    nodes = index.nodes
     queue = deque(tensors)
-    seen: set[str] = set()
+    seen = set(queue)
     while queue:
         current = queue.popleft()
-        if current in seen:
-            continue
-        seen.add(current)
         if current in region:
             found.add(current)
             continue
-        producer = index.producer_of(current)
-        if producer is not None and producer.op_type not in SHAPE_OPS:
-            queue.extend(name for name in producer.inputs if name)
+        producer_index = producers.get(current)
+        if producer_index is None or nodes[producer_index].op_type in SHAPE_OPS:
+            continue
+        for name in nodes[producer_index].inputs:
+            if name and name not in seen:
+                seen.add(name)
+                queue.append(name)
     return found
 
 
@@ -491,7 +521,8 @@ def _walk_forward(
     return outputs, nodes
 
 
-def _ordered(index: GraphIndex, shapes: ShapeInference, tensors: dict[str, int]) -> list[CutTensor]:
+def _graph_order(index: GraphIndex) -> dict[str, int]:
+    """Every tensor's position: graph inputs, then initializers, then node outputs."""
     order = {name: i for i, name in enumerate(index.graph_inputs)}
     offset = len(order)
     for i, name in enumerate(index.initializers):
@@ -500,6 +531,12 @@ def _ordered(index: GraphIndex, shapes: ShapeInference, tensors: dict[str, int])
     for node in index.nodes:
         for name in node.outputs:
             order.setdefault(name, offset + node.index)
+    return order
+
+
+def _ordered(
+    order: dict[str, int], shapes: ShapeInference, tensors: dict[str, int]
+) -> list[CutTensor]:
     return [
         CutTensor(name, axis, shapes.rank(name))
         for name, axis in sorted(tensors.items(), key=lambda item: (order.get(item[0], 0), item[0]))

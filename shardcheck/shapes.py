@@ -13,9 +13,11 @@ less.
 
 from __future__ import annotations
 
+import struct
+import sys
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -36,13 +38,30 @@ SAME_SHAPE = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     shape: Shape | None = None
     value: tuple[Dim, ...] | None = None  # for small 1-D/scalar integer tensors
 
 
+_UNKNOWN = TensorInfo()
+# The integer element types, with their struct codes (little-endian raw_data).
+_INTEGER_CODES = {
+    onnx.TensorProto.INT8: "b",
+    onnx.TensorProto.INT16: "h",
+    onnx.TensorProto.INT32: "i",
+    onnx.TensorProto.INT64: "q",
+    onnx.TensorProto.UINT8: "B",
+    onnx.TensorProto.UINT16: "H",
+    onnx.TensorProto.UINT32: "I",
+    onnx.TensorProto.UINT64: "Q",
+}
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
     rank = max(len(s) for s in shapes)
     result: list[Dim] = []
     for axis in range(rank):
@@ -150,167 +169,249 @@ class ShapeInference:
             results = self._rule(node)
         except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
             results = None
+        info_of = self.info
         for position, output in enumerate(node.outputs):
             if not output:
                 continue
-            info = results[position] if results and position < len(results) else TensorInfo()
-            declared = self.index.declared_shape(output)
-            if declared is not None and (info.shape is None or None in info.shape):
-                info = TensorInfo(_merge(declared, info.shape), info.value)
-            self.info[output] = info
+            info = results[position] if results and position < len(results) else _UNKNOWN
+            if info.shape is None or None in info.shape:
+                declared = self.index.declared_shape(output)
+                if declared is not None:
+                    info = TensorInfo(_merge(declared, info.shape), info.value)
+            info_of[output] = info
 
     def _in(self, node: Node, position: int) -> TensorInfo:
-        if position >= len(node.inputs) or not node.inputs[position]:
-            return TensorInfo()
-        return self.info.get(node.inputs[position], TensorInfo())
+        inputs = node.inputs
+        if position >= len(inputs) or not inputs[position]:
+            return _UNKNOWN
+        return self.info.get(inputs[position], _UNKNOWN)
 
     def _rule(self, node: Node) -> list[TensorInfo] | None:
         op = node.op_type
-        first = self._in(node, 0)
-        shape = first.shape
-        if op == "Constant":
-            value = self.index.constant_value(node.outputs[0])
-            if value is None:
-                return None
-            return [TensorInfo(tuple(int(d) for d in value.shape), _as_value(value))]
         if op in ELEMENTWISE:
-            shapes = [self._in(node, i).shape for i in range(len(node.inputs)) if node.inputs[i]]
-            if any(s is None for s in shapes):
-                return None
-            out = _broadcast([s for s in shapes if s is not None])
-            value = _elementwise_value(op, [self._in(node, i).value for i in range(3)])
-            return [TensorInfo(out, value)] + [TensorInfo(shape)] * (len(node.outputs) - 1)
+            return self._elementwise(node)
         if op in SAME_SHAPE:
-            return [TensorInfo(shape)]
-        if op in ("Range", "ConstantOfShape"):
-            return self._generator_rule(node)
-        if op == "GatherElements":
-            return [TensorInfo(self._in(node, 1).shape)]
-        if shape is None:
+            return [TensorInfo(self._in(node, 0).shape)]
+        rule = _ANY_INPUT_RULES.get(op)
+        if rule is not None:
+            return rule(self, node)
+        first = self._in(node, 0)
+        if first.shape is None:
             return self._rank_only(node)
+        rule = _KNOWN_INPUT_RULES.get(op)
+        return None if rule is None else rule(self, node, first)
+
+    # ------------------------------------------------------------------ rules by op
+
+    def _constant(self, node: Node) -> list[TensorInfo] | None:
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        tensor = _constant_tensor(node)
+        if tensor is not None and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            dims = tuple(tensor.dims)
+            code = _INTEGER_CODES.get(tensor.data_type)
+            if code is None or len(dims) > 1 or (dims and dims[0] > MAX_VALUE_ELEMENTS):
+                # No shape value to carry: the dims are all there is to read.
+                return [TensorInfo(dims)]
+            raw = tensor.raw_data
+            count = dims[0] if dims else 1
+            if raw and len(raw) == count * struct.calcsize(code) and _LITTLE_ENDIAN:
+                # The usual shape-arithmetic constant (a scalar or a short int64 vector):
+                # read without making a numpy array.
+                return [TensorInfo(dims, struct.unpack(f"<{count}{code}", raw))]
+        value = self.index.constant_value(node.outputs[0])
+        if value is None:
+            return None
+        return [TensorInfo(tuple(int(d) for d in value.shape), _as_value(value))]
+
+    def _elementwise(self, node: Node) -> list[TensorInfo] | None:
+        infos = [self._in(node, i) for i in range(len(node.inputs)) if node.inputs[i]]
+        shapes = [info.shape for info in infos]
+        if any(s is None for s in shapes):
+            return None
+        out = _broadcast(shapes)  # type: ignore[arg-type]
+        value = None
+        if any(info.value is not None for info in infos):
+            value = _elementwise_value(node.op_type, [self._in(node, i).value for i in range(3)])
+        return [TensorInfo(out, value)] + [TensorInfo(self._in(node, 0).shape)] * (
+            len(node.outputs) - 1
+        )
+
+    def _gather_elements(self, node: Node) -> list[TensorInfo]:
+        return [TensorInfo(self._in(node, 1).shape)]
+
+    def _shape_op(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        shape = first.shape
+        assert shape is not None
+        dims = shape[slice(node.attr("start", 0), node.attr("end", len(shape)))]
+        return [TensorInfo((len(dims),), tuple(dims))]
+
+    def _size(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        return [TensorInfo((), None)]
+
+    def _transpose(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        shape = first.shape
+        assert shape is not None
+        perm = node.attr("perm") or list(reversed(range(len(shape))))
+        return [TensorInfo(tuple(shape[p] for p in perm))]
+
+    def _reshape(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        target = self._in(node, 1).value
+        if target is None:
+            return self._rank_only(node)
+        dims = reshape_dims(first.shape, target, bool(node.attr("allowzero", 0)))  # type: ignore[arg-type]
+        value = first.value if dims is not None and len(dims) <= 1 else None
+        return [TensorInfo(dims, value)]
+
+    def _unsqueeze(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        shape = first.shape
+        assert shape is not None
         rank = len(shape)
-        if op == "Shape":
-            start = node.attr("start", 0)
-            end = node.attr("end", rank)
-            dims = shape[slice(start, end)]
-            return [TensorInfo((len(dims),), tuple(dims))]
-        if op == "Size":
-            return [TensorInfo((), None)]
-        if op == "Transpose":
-            perm = node.attr("perm") or list(reversed(range(rank)))
-            return [TensorInfo(tuple(shape[p] for p in perm))]
-        if op == "Reshape":
-            target = self._in(node, 1).value
-            if target is None:
-                return self._rank_only(node)
-            dims = reshape_dims(shape, target, bool(node.attr("allowzero", 0)))
-            value = first.value if dims is not None and len(dims) <= 1 else None
-            return [TensorInfo(dims, value)]
-        if op in ("Unsqueeze", "Squeeze"):
-            axes = node.attr("axes")
-            if axes is None and len(node.inputs) > 1:
-                axes = _ints(self.index.constant_value(node.inputs[1]))
-            if op == "Unsqueeze":
-                if axes is None:
-                    return None
-                out_rank = rank + len(axes)
-                positions = sorted(a % out_rank for a in axes)
-                dims = list(shape)
-                for a in positions:
-                    dims.insert(a, 1)
-                return [TensorInfo(tuple(dims), first.value if rank == 0 else None)]
-            drop = (
-                {a % rank for a in axes}
-                if axes is not None
-                else {i for i, d in enumerate(shape) if d == 1}
-            )
-            dims = tuple(d for i, d in enumerate(shape) if i not in drop)
-            value = first.value if len(dims) == 0 and first.value is not None else None
-            return [TensorInfo(dims, value)]
-        if op == "Gather":
-            axis = node.attr("axis", 0) % rank
-            indices = self._in(node, 1)
-            if indices.shape is None:
+        axes = self._axes_of(node)
+        if node.op_type == "Unsqueeze":
+            if axes is None:
                 return None
-            dims = shape[:axis] + indices.shape + shape[axis + 1 :]
-            value = None
-            index_values = _ints(self.index.constant_value(node.inputs[1]))
-            if first.value is not None and rank == 1 and index_values is not None:
+            out_rank = rank + len(axes)
+            positions = sorted(a % out_rank for a in axes)
+            dims = list(shape)
+            for a in positions:
+                dims.insert(a, 1)
+            return [TensorInfo(tuple(dims), first.value if rank == 0 else None)]
+        drop = (
+            {a % rank for a in axes}
+            if axes is not None
+            else {i for i, d in enumerate(shape) if d == 1}
+        )
+        kept = tuple(d for i, d in enumerate(shape) if i not in drop)
+        value = first.value if len(kept) == 0 and first.value is not None else None
+        return [TensorInfo(kept, value)]
+
+    def _axes_of(self, node: Node) -> list[int] | None:
+        """The ``axes`` of an op that takes them as an attribute or (newer opsets) an input."""
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+            axes = self._constant_ints(node.inputs[1])
+        return axes
+
+    def _constant_ints(self, tensor: str) -> list[int] | None:
+        """The values of a small integer constant (initializer or Constant output)."""
+        info = self.info.get(tensor)
+        if info is not None and info.value is not None:
+            producer = self.index.producer_of(tensor)
+            if tensor in self.index.initializers or (
+                producer is not None and producer.op_type == "Constant"
+            ):
+                return list(info.value)  # type: ignore[arg-type]
+        return _ints(self.index.constant_value(tensor))
+
+    def _gather(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        shape = first.shape
+        assert shape is not None
+        rank = len(shape)
+        axis = node.attr("axis", 0) % rank
+        indices = self._in(node, 1)
+        if indices.shape is None:
+            return None
+        dims = shape[:axis] + indices.shape + shape[axis + 1 :]
+        value = None
+        if first.value is not None and rank == 1:
+            index_values = self._constant_ints(node.inputs[1])
+            if index_values is not None:
                 value = tuple(first.value[i] for i in index_values)
-            return [TensorInfo(dims, value)]
-        if op == "Concat":
-            parts = [self._in(node, i) for i in range(len(node.inputs))]
-            if any(p.shape is None for p in parts):
+        return [TensorInfo(dims, value)]
+
+    def _concat(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        shape = first.shape
+        assert shape is not None
+        rank = len(shape)
+        parts = [self._in(node, i) for i in range(len(node.inputs))]
+        if any(p.shape is None for p in parts):
+            return None
+        axis = node.attr("axis", 0) % rank
+        total: Dim = 0
+        for p in parts:
+            dim = p.shape[axis]  # type: ignore[index]
+            total = total + dim if isinstance(total, int) and isinstance(dim, int) else None
+        if total is None and len(parts) == 1:
+            total = parts[0].shape[axis]  # type: ignore[index]
+        dims = shape[:axis] + (total,) + shape[axis + 1 :]
+        value = None
+        if rank == 1 and all(p.value is not None for p in parts):
+            value = tuple(v for p in parts for v in p.value)  # type: ignore[union-attr]
+        return [TensorInfo(dims, value)]
+
+    def _slice_rule(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        return [self._slice(node, first.shape, first.value)]  # type: ignore[arg-type]
+
+    def _split_rule(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        return self._split(node, first.shape)  # type: ignore[arg-type]
+
+    def _matmul_rule(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        other = self._in(node, 1).shape
+        if other is None:
+            return None
+        return [TensorInfo(_matmul(first.shape, other))]  # type: ignore[arg-type]
+
+    def _gemm(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        shape = first.shape
+        assert shape is not None
+        other = self._in(node, 1).shape
+        if other is None or len(shape) != 2 or len(other) != 2:
+            return None
+        m = shape[1] if node.attr("transA", 0) else shape[0]
+        n = other[0] if node.attr("transB", 0) else other[1]
+        return [TensorInfo((m, n))]
+
+    def _expand(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        shape = first.shape
+        assert shape is not None
+        target = self._in(node, 1).value
+        if target is None:
+            target_len = self._in(node, 1).shape
+            if target_len is None or not isinstance(target_len[0], int):
                 return None
-            axis = node.attr("axis", 0) % rank
-            total: Dim = 0
-            for p in parts:
-                dim = p.shape[axis]  # type: ignore[index]
-                total = total + dim if isinstance(total, int) and isinstance(dim, int) else None
-            if total is None and len(parts) == 1:
-                total = parts[0].shape[axis]  # type: ignore[index]
-            dims = shape[:axis] + (total,) + shape[axis + 1 :]
-            value = None
-            if rank == 1 and all(p.value is not None for p in parts):
-                value = tuple(v for p in parts for v in p.value)  # type: ignore[union-attr]
-            return [TensorInfo(dims, value)]
-        if op == "Slice":
-            return [self._slice(node, shape, first.value)]
-        if op == "Split":
-            return self._split(node, shape)
-        if op in ("MatMul", "MatMulInteger", "FusedMatMul"):
-            other = self._in(node, 1).shape
-            if other is None:
-                return None
-            return [TensorInfo(_matmul(shape, other))]
-        if op == "Gemm":
-            other = self._in(node, 1).shape
-            if other is None or rank != 2 or len(other) != 2:
-                return None
-            m = shape[1] if node.attr("transA", 0) else shape[0]
-            n = other[0] if node.attr("transB", 0) else other[1]
-            return [TensorInfo((m, n))]
-        if op == "Expand":
-            target = self._in(node, 1).value
-            if target is None:
-                target_len = self._in(node, 1).shape
-                if target_len is None or not isinstance(target_len[0], int):
-                    return None
-                # Expand keeps every dim that is not 1; only those become unknown.
-                target = (None,) * target_len[0]
-                padded = (1,) * (len(target) - rank) + tuple(shape)
-                return [TensorInfo(tuple(None if d == 1 else d for d in padded))]
-            return [TensorInfo(_broadcast([shape, tuple(target)]))]
-        if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"):
-            axes = node.attr("axes")
-            if axes is None and len(node.inputs) > 1 and node.inputs[1]:
-                axes = _ints(self.index.constant_value(node.inputs[1]))
-            axes_set = {a % rank for a in axes} if axes is not None else set(range(rank))
-            keep = node.attr("keepdims", 1)
-            dims = tuple((1 if keep else None) if i in axes_set else d for i, d in enumerate(shape))
-            return [TensorInfo(tuple(d for d in dims if d is not None) if not keep else dims)]
-        if op == "Flatten":
-            axis = node.attr("axis", 1) % (rank + 1) if rank else 0
-            left, right = _product(shape[:axis]), _product(shape[axis:])
-            return [TensorInfo((_dim_of(left), _dim_of(right)))]
-        if op in ("Attention", "MultiHeadAttention", "GroupQueryAttention") and node.domain in (
-            "",
-            "ai.onnx",
-            "com.microsoft",
-        ):
-            return [TensorInfo(self._attention_output(node, shape))]
-        if op == "Conv":
-            return self._conv(node, shape)
-        if op == "Tile":
-            repeats = self._in(node, 1).value
-            if repeats is None or len(repeats) != rank:
-                return [TensorInfo((None,) * rank)]
-            return [
-                TensorInfo(
-                    tuple(_dim_of(_product([d, r])) for d, r in zip(shape, repeats, strict=True))
-                )
-            ]
-        return None
+            # Expand keeps every dim that is not 1; only those become unknown.
+            padded = (1,) * (target_len[0] - len(shape)) + tuple(shape)
+            return [TensorInfo(tuple(None if d == 1 else d for d in padded))]
+        return [TensorInfo(_broadcast([shape, tuple(target)]))]
+
+    def _reduce(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        shape = first.shape
+        assert shape is not None
+        rank = len(shape)
+        axes = self._axes_of(node)
+        axes_set = {a % rank for a in axes} if axes is not None else set(range(rank))
+        keep = node.attr("keepdims", 1)
+        dims = tuple((1 if keep else None) if i in axes_set else d for i, d in enumerate(shape))
+        return [TensorInfo(tuple(d for d in dims if d is not None) if not keep else dims)]
+
+    def _flatten(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        shape = first.shape
+        assert shape is not None
+        rank = len(shape)
+        axis = node.attr("axis", 1) % (rank + 1) if rank else 0
+        left, right = _product(shape[:axis]), _product(shape[axis:])
+        return [TensorInfo((_dim_of(left), _dim_of(right)))]
+
+    def _fused_attention(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            return None
+        return [TensorInfo(self._attention_output(node, first.shape))]  # type: ignore[arg-type]
+
+    def _conv_rule(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        return self._conv(node, first.shape)  # type: ignore[arg-type]
+
+    def _tile(self, node: Node, first: TensorInfo) -> list[TensorInfo]:
+        shape = first.shape
+        assert shape is not None
+        repeats = self._in(node, 1).value
+        if repeats is None or len(repeats) != len(shape):
+            return [TensorInfo((None,) * len(shape))]
+        return [
+            TensorInfo(
+                tuple(_dim_of(_product([d, r])) for d, r in zip(shape, repeats, strict=True))
+            )
+        ]
 
     def _attention_output(self, node: Node, query: Shape) -> Shape:
         """Query positions, value width: [batch, seq, v_hidden] or [batch, heads, seq, v]."""
@@ -379,8 +480,8 @@ class ShapeInference:
     def _slice(self, node: Node, shape: Shape, value: tuple[Dim, ...] | None) -> TensorInfo:
         starts = self._in(node, 1).value
         ends = self._in(node, 2).value
-        axes = _ints(self.index.constant_value(node.inputs[3])) if len(node.inputs) > 3 else None
-        steps = _ints(self.index.constant_value(node.inputs[4])) if len(node.inputs) > 4 else None
+        axes = self._constant_ints(node.inputs[3]) if len(node.inputs) > 3 else None
+        steps = self._constant_ints(node.inputs[4]) if len(node.inputs) > 4 else None
         if starts is None or ends is None:
             return TensorInfo(None)
         rank = len(shape)
@@ -400,7 +501,7 @@ class ShapeInference:
         axis = node.attr("axis", 0) % rank
         sizes = node.attr("split")
         if sizes is None and len(node.inputs) > 1 and node.inputs[1]:
-            sizes = _ints(self.index.constant_value(node.inputs[1]))
+            sizes = self._constant_ints(node.inputs[1])
         count = len(node.outputs)
         if sizes is None:
             whole = shape[axis]
@@ -411,6 +512,50 @@ class ShapeInference:
             dims[axis] = size
             results.append(TensorInfo(tuple(dims)))
         return results
+
+
+_ANY_INPUT_RULES: dict[str, Callable[[ShapeInference, Node], list[TensorInfo] | None]] = {
+    "Constant": ShapeInference._constant,
+    "Range": ShapeInference._generator_rule,
+    "ConstantOfShape": ShapeInference._generator_rule,
+    "GatherElements": ShapeInference._gather_elements,
+}
+_KNOWN_INPUT_RULES: dict[
+    str, Callable[[ShapeInference, Node, TensorInfo], list[TensorInfo] | None]
+] = {
+    "Shape": ShapeInference._shape_op,
+    "Size": ShapeInference._size,
+    "Transpose": ShapeInference._transpose,
+    "Reshape": ShapeInference._reshape,
+    "Unsqueeze": ShapeInference._unsqueeze,
+    "Squeeze": ShapeInference._unsqueeze,
+    "Gather": ShapeInference._gather,
+    "Concat": ShapeInference._concat,
+    "Slice": ShapeInference._slice_rule,
+    "Split": ShapeInference._split_rule,
+    "MatMul": ShapeInference._matmul_rule,
+    "MatMulInteger": ShapeInference._matmul_rule,
+    "FusedMatMul": ShapeInference._matmul_rule,
+    "Gemm": ShapeInference._gemm,
+    "Expand": ShapeInference._expand,
+    **dict.fromkeys(
+        "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2".split(),
+        ShapeInference._reduce,
+    ),
+    "Flatten": ShapeInference._flatten,
+    "Attention": ShapeInference._fused_attention,
+    "MultiHeadAttention": ShapeInference._fused_attention,
+    "GroupQueryAttention": ShapeInference._fused_attention,
+    "Conv": ShapeInference._conv_rule,
+    "Tile": ShapeInference._tile,
+}
+
+
+def _constant_tensor(node: Node) -> onnx.TensorProto | None:
+    for attribute in node.proto.attribute:
+        if attribute.name == "value":
+            return attribute.t
+    return None
 
 
 def _is_small(tensor: onnx.TensorProto) -> bool:

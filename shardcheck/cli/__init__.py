@@ -6,6 +6,7 @@ line on stderr, ``shardcheck: error: ...``; ``--debug`` shows the traceback as w
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -31,8 +32,30 @@ def warning_line(message: str) -> None:
     click.echo(f"shardcheck: warning: {' '.join(str(message).split())}", err=True)
 
 
+# Each command's module is imported when the command runs (or --help lists it): ``gen`` need
+# not import onnxruntime or deepdiff, and a CI job pays the startup of its own command only.
+COMMANDS = {
+    "check": "shardcheck.cli.check:check",
+    "diff": "shardcheck.cli.diff:diff",
+    "fmt": "shardcheck.cli.fmt:fmt",
+    "gen": "shardcheck.cli.gen:gen",
+    "shard": "shardcheck.cli.shard:shard",
+    "simulate": "shardcheck.cli.simulate:simulate_command",
+    "verify": "shardcheck.cli.verify:verify_command",
+}
+
+
 class ShardcheckGroup(click.Group):
     """Runs a command and maps every outcome to one exit code and at most one error line."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, attribute = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def main(  # type: ignore[override]
         self,
@@ -94,21 +117,6 @@ class ShardcheckGroup(click.Group):
 @click.version_option(package_name="shardcheck")
 def cli(debug: bool) -> None:
     """Generate, verify and gate context-parallel shard hints for ONNX models."""
-
-
-def _register() -> None:
-    from shardcheck.cli import check, diff, fmt, gen, shard, simulate, verify
-
-    cli.add_command(gen.gen)
-    cli.add_command(diff.diff)
-    cli.add_command(fmt.fmt)
-    cli.add_command(check.check)
-    cli.add_command(verify.verify_command)
-    cli.add_command(shard.shard)
-    cli.add_command(simulate.simulate_command)
-
-
-_register()
 
 
 def main() -> None:
