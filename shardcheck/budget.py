@@ -104,10 +104,7 @@ def estimate(
         concrete = resolve(shape, dims)
         return math.prod(concrete) * _itemsize(index, tensor), concrete
 
-    weights = sum(
-        math.prod(int(d) for d in tensor.dims) * _itemsize(index, name)
-        for name, tensor in index.initializers.items()
-    )
+    weights = weights_bytes(index)
     ends = dict.fromkeys([*index.graph_inputs, *index.graph_outputs, *kept])
     sized = {name: size(name) for name in ends}
     whole = sum(nbytes for nbytes, _ in sized.values())
@@ -129,6 +126,14 @@ def estimate(
         largest=largest,
         largest_shape=largest_shape,
         largest_bytes=largest_bytes,
+    )
+
+
+def weights_bytes(index: GraphIndex) -> int:
+    """The size of the initializers (external ones included)."""
+    return sum(
+        math.prod(int(d) for d in tensor.dims) * _itemsize(index, name)
+        for name, tensor in index.initializers.items()
     )
 
 
@@ -202,3 +207,17 @@ def check_memory(
             f"{option} or smaller --dim values"
         )
     return needed
+
+
+def check_weights(index: GraphIndex, *, available: int | None = None) -> int:
+    """Refuse (InputError) a model whose weights alone need more memory than is available,
+    before onnxruntime loads them; else their size. ``check_memory`` checks the runs."""
+    weights = weights_bytes(index)
+    if available is None:
+        available = available_bytes()
+    if available is not None and weights > available:
+        raise InputError(
+            f"{index.source}: its weights need {human(weights)} of memory, more than the "
+            f"{human(available)} available; refused before loading them into onnxruntime"
+        )
+    return weights

@@ -68,15 +68,35 @@ class AttentionLayer:
         return bool(self.polygraphy_patterns)
 
 
+class _Unranked:
+    """Shapes that know no rank: what ``layer_tensors`` detects with."""
+
+    def rank(self, tensor: str) -> int | None:
+        return None
+
+
 def detect_attention(
     index: GraphIndex, shapes: ShapeInference | None = None
 ) -> list[AttentionLayer]:
     """Every attention layer of the main graph, in graph order."""
-    shapes = shapes or ShapeInference(index)
     recognised: dict[int, list[int]] = {}
     for pattern in (0, 1):
         for match in match_all(index, pattern):
             recognised.setdefault(match.matmul1.index, []).append(pattern)
+    return _detect(index, shapes or ShapeInference(index), recognised)
+
+
+def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:
+    """The layers ``detect_attention`` finds, with the same tensors (Q, gathered K and V, masks,
+    output), found without shape inference: their axes and ranks are unknown here, and
+    Polygraphy's patterns are not matched. Which tensors a layer has never depends on shapes;
+    verify needs them before onnxruntime loads the model, the rest later."""
+    return _detect(index, _Unranked(), {})
+
+
+def _detect(
+    index: GraphIndex, shapes: ShapeInference | _Unranked, recognised: dict[int, list[int]]
+) -> list[AttentionLayer]:
     layers: list[tuple[int, AttentionLayer]] = []
     for node in index.nodes:
         if node.op_type == "Softmax":
@@ -91,7 +111,10 @@ def detect_attention(
 
 
 def _decomposed(
-    index: GraphIndex, shapes: ShapeInference, softmax: Node, recognised: dict[int, list[int]]
+    index: GraphIndex,
+    shapes: ShapeInference | _Unranked,
+    softmax: Node,
+    recognised: dict[int, list[int]],
 ) -> tuple[int, AttentionLayer] | None:
     found = _score_matmul(index, softmax)
     if found is None:
@@ -263,7 +286,9 @@ def _is_triangular(value: np.ndarray) -> bool:
     return bool(np.all(upper == upper.flat[1]) and not np.all(lower == upper.flat[1]))
 
 
-def _fused(index: GraphIndex, shapes: ShapeInference, node: Node) -> tuple[int, AttentionLayer]:
+def _fused(
+    index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node
+) -> tuple[int, AttentionLayer]:
     q_pos, k_pos, v_pos = FUSED_OPS[(node.domain, node.op_type)]
     q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))

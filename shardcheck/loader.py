@@ -49,6 +49,45 @@ _EXTERNAL = onnx.TensorProto.EXTERNAL
 
 def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse an ONNX file (weights in external files are not loaded) and validate it."""
+    parsed = parse_model(path)
+    parsed.check()
+    parsed.serialized = None
+    return parsed.model
+
+
+def load_index(path: str | os.PathLike[str]) -> GraphIndex:
+    return GraphIndex(read_model(path), source=str(path))
+
+
+class ParsedModel:
+    """A model read and parsed, whose ``onnx.checker`` validation is still to run (``check``).
+
+    verify hands the model to onnxruntime first, and runs the checker while onnxruntime loads
+    it (the checker holds the GIL, onnxruntime does not). Everything else ``read_model``
+    refuses (unreadable files, external data outside the model's directory) is refused here.
+    """
+
+    def __init__(
+        self, model: onnx.ModelProto, source: str, checker_input: bytes | None, scan: _Scan
+    ) -> None:
+        self.model = model
+        self.source = source
+        # The file's bytes, when they are the model's protobuf with every weight inside.
+        self.serialized = checker_input
+        self._scan = scan
+        self._checked = False
+
+    def check(self) -> None:
+        """``onnx.checker`` and the unique node names (ModelError); once."""
+        if self._checked:
+            return
+        _check_model(self.model, self.source, self.serialized, scan=self._scan)
+        _refuse_duplicate_names(self._scan.duplicate_names, self.source)
+        self._checked = True
+
+
+def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
+    """Read and parse an ONNX file as ``read_model`` does, but for ``ParsedModel.check``."""
     file = Path(path)
     source = str(path)
     if not file.exists():
@@ -89,14 +128,7 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     scan = _scan(model)
     _check_external_tensors(scan.external, file)
     checker_input = serialized if model_format == _PROTOBUF and not scan.external else None
-    del serialized
-    _check_model(model, source, checker_input, scan=scan)
-    _refuse_duplicate_names(scan.duplicate_names, source)
-    return model
-
-
-def load_index(path: str | os.PathLike[str]) -> GraphIndex:
-    return GraphIndex(read_model(path), source=str(path))
+    return ParsedModel(model, source, checker_input, scan)
 
 
 def _format_of(file: Path) -> str:

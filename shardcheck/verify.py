@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shardcheck.detect import AttentionLayer, detect_attention
+from shardcheck.budget import check_weights
+from shardcheck.detect import AttentionLayer, detect_attention, layer_tensors
 from shardcheck.errors import InputError
 from shardcheck.feeds import (
     BATCH_DIM_DEFAULT,
@@ -28,10 +29,16 @@ from shardcheck.feeds import (
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
+from shardcheck.loader import parse_model
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
-from shardcheck.verify_runtime import DimChooser, Progress, RuntimeCheck
+from shardcheck.verify_runtime import (
+    DimChooser,
+    PendingSession,
+    Progress,
+    RuntimeCheck,
+    watched_tensors,
+)
 from shardcheck.verify_static import check_static
 
 DEFAULT_SEQ_LENS = (8, 16)
@@ -72,18 +79,26 @@ def verify(
                 f"--ranks {ranks}: every sequence length must divide by the number of ranks "
                 f"({', '.join(map(str, bad or seq_lens))} does not); choose --seq-lens accordingly"
             )
-    index = load_index(model_path)
+    parsed = parse_model(model_path)
     hints_source = "<hints>" if isinstance(hints, ShardHints) else str(hints)
     hints = hints if isinstance(hints, ShardHints) else read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
+    index = GraphIndex(parsed.model, source=str(model_path))
+    # onnxruntime loads the model while the checker and the analysis run (the session is only
+    # used once both have passed); the weights must fit first.
+    check_weights(index)
+    early = {layer.q: layer for layer in layer_tensors(index)}
+    watched = watched_tensors(index, hints, early)
+    pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
+    parsed.check()
+
     shapes = ShapeInference(index)
     layers = detect_attention(index, shapes)
     by_q = {layer.q: layer for layer in layers}
-
     check_static(index, shapes, hints, layers, report)
     choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
     runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
-    runtime.run(Path(model_path), list(seq_lens), choose)
+    runtime.run(pending, list(seq_lens), choose)
     if ranks is not None and runtime.ran:
         _simulate(model_path, hints, ranks, seq_lens, choose, rtol, atol, seed, report, progress)
     return report

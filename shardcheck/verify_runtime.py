@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,27 +59,8 @@ class RuntimeCheck:
         self.ran = False
         self.mask_values: dict[str, np.ndarray] = {}
 
-    def watched(self) -> dict[str, str]:
-        """Tensor -> why it is watched (hint field)."""
-        watched: dict[str, str] = {}
-        for kind, tensors in (("inputs", self.hints.inputs), ("outputs", self.hints.outputs)):
-            for t in tensors:
-                if self.index.has_tensor(t.name):
-                    watched.setdefault(t.name, f"{kind}[name={t.name}]")
-        for hint in self.hints.attention_layers:
-            layer = self.by_q.get(hint.q)
-            if layer is not None:
-                watched.setdefault(layer.q, f"attention_layers[q={hint.q}]")
-                watched.setdefault(layer.gathered_k, "k_seq_len_idx")
-                watched.setdefault(layer.gathered_v, "v_seq_len_idx")
-                for mask in layer.masks:
-                    watched.setdefault(mask, "mask")
-        for name in self.index.graph_inputs:
-            watched.setdefault(name, "graph input")
-        return watched
-
-    def run(self, model_path: Path, seq_lens: list[int], choose: DimChooser) -> None:
-        watched = self.watched()
+    def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
+        watched = pending.watched
         # Every length fits in memory, or nothing runs. Only the sequence dim differs between
         # the runs and no tensor shrinks as it grows: the longest run is the one to check.
         longest = max(seq_lens)
@@ -90,10 +72,9 @@ class RuntimeCheck:
             layers=self.by_q.values(),
             kept=watched,
         )
-        model = _with_outputs(
-            self.index, model_path, [n for n in watched if n not in self.index.graph_inputs]
-        )
-        session = _session(model, self.index.source)
+        # The graph walks of the comparison need no run: done while the session is made.
+        walks = self._graph_walks()
+        session = pending.session()
         shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
         failures: dict[int, tuple[str, dict[str, int]]] = {}
         for length in seq_lens:
@@ -127,7 +108,7 @@ class RuntimeCheck:
             self._failed(length, message, sorted(shapes_by_len), dims)
             return
         self.ran = True
-        self._compare(shapes_by_len, seq_lens)
+        self._compare(shapes_by_len, seq_lens, walks)
 
     def _found(self, code: str, field: str) -> bool:
         return any(f.code == code and f.field == field for f in self.report.findings)
@@ -160,7 +141,12 @@ class RuntimeCheck:
                 observed="fails",
             )
 
-    def _compare(self, shapes: dict[int, dict[str, tuple[int, ...]]], seq_lens: list[int]) -> None:
+    def _compare(
+        self,
+        shapes: dict[int, dict[str, tuple[int, ...]]],
+        seq_lens: list[int],
+        walks: _Walks,
+    ) -> None:
         first, second = shapes[seq_lens[0]], shapes[seq_lens[1]]
         if all(first[name] == second[name] for name in self.index.graph_inputs):
             self.report.add(
@@ -185,17 +171,17 @@ class RuntimeCheck:
                 axes = changing(tensor.name)
                 if axes is None:
                     continue
-                field = f"{kind}[name={tensor.name}]"
+                hint_field = f"{kind}[name={tensor.name}]"
                 rank = len(first[tensor.name])
                 if (
                     tensor.rank is not None
                     and tensor.rank != rank
-                    and not self._found("SC104", f"{field}.rank")
+                    and not self._found("SC104", f"{hint_field}.rank")
                 ):
                     self.report.add(
                         "SC104",
                         ERROR,
-                        f"{field}.rank",
+                        f"{hint_field}.rank",
                         f"rank {tensor.rank} given for {tensor.name!r}; it has rank {rank}",
                         tensor=tensor.name,
                         expected=rank,
@@ -205,7 +191,7 @@ class RuntimeCheck:
                     self.report.add(
                         "SC117",
                         ERROR,
-                        f"{field}.seq_len_idx",
+                        f"{hint_field}.seq_len_idx",
                         f"{tensor.name!r} does not change with the sequence length: it has no "
                         "sequence axis to split",
                         tensor=tensor.name,
@@ -216,7 +202,7 @@ class RuntimeCheck:
                     self.report.add(
                         "SC101",
                         ERROR,
-                        f"{field}.seq_len_idx",
+                        f"{hint_field}.seq_len_idx",
                         f"{tensor.name!r} carries the sequence on axis {axes[0]} (shape "
                         f"{first[tensor.name]} at length {seq_lens[0]}, {second[tensor.name]} at "
                         f"{seq_lens[1]}), not on axis {tensor.seq_len_idx}",
@@ -225,24 +211,24 @@ class RuntimeCheck:
                         observed=tensor.seq_len_idx,
                     )
         self._compare_layers(changing, first)
-        self._unhinted_inputs(changing)
-        self._key_only_inputs(first)
+        self._unhinted_inputs(changing, walks)
+        self._key_only_inputs(first, walks)
 
     def _compare_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
         for hint in self.hints.attention_layers:
             layer = self.by_q.get(hint.q)
             if layer is None:
                 continue
-            for code, field, tensor, hinted in (
+            for code, hint_field, tensor, hinted in (
                 ("SC105", "k_seq_len_idx", layer.gathered_k, self.hints.k_seq_len_idx),
                 ("SC106", "v_seq_len_idx", layer.gathered_v, self.hints.v_seq_len_idx),
             ):
                 axes = changing(tensor)
-                if axes and axes != [hinted] and not self._found(code, field):
+                if axes and axes != [hinted] and not self._found(code, hint_field):
                     self.report.add(
                         code,
                         ERROR,
-                        field,
+                        hint_field,
                         f"layer {layer.name}: the gathered tensor {tensor} changes with the "
                         f"sequence on axis {axes} (observed), the hints gather axis {hinted}",
                         tensor=tensor,
@@ -263,13 +249,31 @@ class RuntimeCheck:
                     observed=axes,
                 )
 
-    def _unhinted_inputs(self, changing: Callable[[str], list[int] | None]) -> None:
-        hinted = {t.name for t in self.hints.inputs}
+    def _graph_walks(self) -> _Walks:
         query, key, masks = _attention_sides(self.by_q, self.hints)
+        ends = query | key | masks
+        hinted = {t.name for t in self.hints.inputs}
+        walks = _Walks(query, key, masks)
         for name in self.index.graph_inputs:
-            if name in hinted or not changing(name):
+            if name not in hinted:
+                walks.input_reach[name] = _reach(self.index, name, stop=hinted, ends=ends)
+        # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
+        # only the others forward.
+        feeds_attention = _upstream(self.index, query | key, ends)
+        for tensor in self.hints.inputs:
+            if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
                 continue
-            reached = _reach(self.index, name, stop=hinted, ends=query | key | masks)
+            reached = _reach(self.index, tensor.name, stop=set(), ends=ends)
+            reached_masks = sorted(reached & masks)
+            if reached_masks and not reached & (query | key):
+                walks.mask_only.append((tensor, reached_masks))
+        return walks
+
+    def _unhinted_inputs(self, changing: Callable[[str], list[int] | None], walks: _Walks) -> None:
+        query, key, masks = walks.query, walks.key, walks.masks
+        for name, reached in walks.input_reach.items():
+            if not changing(name):
+                continue
             if reached & (query | key):
                 self.report.add(
                     "SC115",
@@ -295,12 +299,11 @@ class RuntimeCheck:
                     observed="whole",
                 )
 
-    def _key_only_inputs(self, first: dict[str, tuple[int, ...]]) -> None:
+    def _key_only_inputs(self, first: dict[str, tuple[int, ...]], walks: _Walks) -> None:
         """A hinted tensor that reaches no Q, K or V, only masks whose rows are all equal
         (masks over the keys), and whose hinted axis lines up with their key axis: scattering
         it cuts the mask over the keys, which must stay whole since K and V are gathered whole.
         (Scattering such a mask along its query axis is right: each rank gets its rows.)"""
-        query, key, masks = _attention_sides(self.by_q, self.hints)
 
         def cut_over_keys(mask: str, tensor: ShardTensor) -> bool:
             value = self.mask_values.get(mask)
@@ -311,17 +314,7 @@ class RuntimeCheck:
             aligned = tensor.seq_len_idx + value.ndim - rank
             return rows_equal and aligned == value.ndim - 1
 
-        ends = query | key | masks
-        # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
-        # only the others forward.
-        feeds_attention = _upstream(self.index, query | key, ends)
-        for tensor in self.hints.inputs:
-            if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
-                continue
-            reached = _reach(self.index, tensor.name, stop=set(), ends=ends)
-            reached_masks = sorted(reached & masks)
-            if reached & (query | key) or not reached_masks:
-                continue
+        for tensor, reached_masks in walks.mask_only:
             if all(cut_over_keys(mask, tensor) for mask in reached_masks):
                 self.report.add(
                     "SC116",
@@ -334,6 +327,18 @@ class RuntimeCheck:
                     expected="not scattered",
                     observed="scattered",
                 )
+
+
+@dataclass
+class _Walks:
+    """What the comparison needs of the graph: the attention inputs, what each unhinted graph
+    input reaches, and the hinted tensors that reach only masks (with those masks)."""
+
+    query: set[str]
+    key: set[str]
+    masks: set[str]
+    input_reach: dict[str, set[str]] = field(default_factory=dict)
+    mask_only: list[tuple[ShardTensor, list[str]]] = field(default_factory=list)
 
 
 def _attention_sides(
@@ -381,6 +386,68 @@ def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
                 if name not in ends:
                     queue.append(name)
     return found
+
+
+def watched_tensors(
+    index: GraphIndex, hints: ShardHints, by_q: dict[str, AttentionLayer]
+) -> dict[str, str]:
+    """The tensors the runs expose and compare: tensor -> why it is watched (hint field)."""
+    watched: dict[str, str] = {}
+    for kind, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
+        for t in tensors:
+            if index.has_tensor(t.name):
+                watched.setdefault(t.name, f"{kind}[name={t.name}]")
+    for hint in hints.attention_layers:
+        layer = by_q.get(hint.q)
+        if layer is not None:
+            watched.setdefault(layer.q, f"attention_layers[q={hint.q}]")
+            watched.setdefault(layer.gathered_k, "k_seq_len_idx")
+            watched.setdefault(layer.gathered_v, "v_seq_len_idx")
+            for mask in layer.masks:
+                watched.setdefault(mask, "mask")
+    for name in index.graph_inputs:
+        watched.setdefault(name, "graph input")
+    return watched
+
+
+class PendingSession:
+    """The onnxruntime session of the runs, made in another thread from the start.
+
+    Making the session (loading and optimizing the model) is most of verify's onnxruntime
+    time, and onnxruntime releases the GIL while it does it: the analysis (shape inference,
+    detection, the static checks) runs meanwhile. The model with the watched tensors as outputs
+    is serialized here, in the caller's thread, since that reads the index's model.
+    """
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        model_path: Path,
+        watched: dict[str, str],
+        serialized: bytes | None = None,
+    ) -> None:
+        self.watched = watched
+        extra = [name for name in watched if name not in index.graph_inputs]
+        model = _with_outputs(index, model_path, extra, serialized)
+        self._made: list[_Session] = []
+        self._failed: list[BaseException] = []
+        # A daemon thread: an error found meanwhile is reported without waiting for it.
+        self._thread = threading.Thread(
+            target=self._make, args=(model, index.source), name="shardcheck-session", daemon=True
+        )
+        self._thread.start()
+
+    def _make(self, model: bytes, source: str) -> None:
+        try:
+            self._made.append(_session(model, source))
+        except BaseException as exc:  # handed to the caller's thread by session()
+            self._failed.append(exc)
+
+    def session(self) -> _Session:
+        self._thread.join()
+        if self._failed:
+            raise self._failed[0]
+        return self._made[0]
 
 
 class _Session:
@@ -439,9 +506,25 @@ def _run(
     return None
 
 
-def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> bytes:
-    """The serialized model with ``extra`` tensors as outputs too, and its weights in it."""
+def _with_outputs(
+    index: GraphIndex, path: Path, extra: Iterable[str], serialized: bytes | None = None
+) -> bytes:
+    """The serialized model with ``extra`` tensors as outputs too, and its weights in it.
+
+    ``serialized``: the model's own bytes, when the file has them all (no external data). Then
+    nothing is serialized: protobuf merges a message read after another into it, appending to
+    repeated fields, so the file's bytes followed by a ModelProto holding only the new graph
+    outputs read as the model with those outputs added.
+    """
     model = index.model
+    present = {o.name for o in model.graph.output}
+    added = []
+    for name in extra:
+        if name not in present and name not in index.initializers:
+            added.append(onnx.ValueInfoProto(name=name))
+            present.add(name)
+    if serialized is not None:
+        return serialized + onnx.ModelProto(graph=onnx.GraphProto(output=added)).SerializeToString()
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     if external:
         from onnx.external_data_helper import load_external_data_for_model
@@ -454,13 +537,8 @@ def _with_outputs(index: GraphIndex, path: Path, extra: Iterable[str]) -> bytes:
             raise InputError(f"{path}: cannot read its external weights: {exc}") from None
     outputs = model.graph.output
     declared = len(outputs)
-    present = {o.name for o in outputs}
     try:
-        for name in extra:
-            if name not in present and name not in index.initializers:
-                info = outputs.add()
-                info.name = name
-                present.add(name)
+        outputs.extend(added)
         return model.SerializeToString()
     finally:
         # Without external weights the index's own model was lent (a copy of every inline

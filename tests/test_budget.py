@@ -154,3 +154,19 @@ def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:
     ]
     # 100 blocks at length 1024 take seconds (1024x1024 scores, twice, per block).
     assert elapsed < 1.5, f"verify took {elapsed:.2f} s despite --timeout 0.05"
+
+
+def test_verify_refuses_weights_that_cannot_fit_before_onnxruntime_loads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shardcheck.budget as budget
+
+    index = load_index(MODEL)
+    weights = budget.weights_bytes(index)
+    assert weights == 16 * 16 * 4 * 3  # three float32 [16, 16] projections
+    monkeypatch.setattr(budget, "available_bytes", lambda: weights - 1)
+    result = run_cli("verify", MODEL, HINTS)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert f"{MODEL}: its weights need {human(weights)} of memory" in line
+    assert "refused before loading them into onnxruntime" in line

@@ -7,11 +7,13 @@ two sequence lengths when the fixtures were built; it is not shardcheck's output
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
 
-from shardcheck import detect_attention, load_index
+from shardcheck import AttentionLayer, detect_attention, load_index
+from shardcheck.detect import layer_tensors
 
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())
@@ -85,3 +87,22 @@ def test_fused_com_microsoft_multihead_attention_is_a_layer() -> None:
     assert (layer.q, layer.gathered_k, layer.gathered_v, layer.output) == ("q", "k", "v", "context")
     # [batch, seq, hidden] inputs: the sequence is axis 1 of Q, K and V alike.
     assert (layer.q_axis, layer.k_axis, layer.v_axis) == (1, 1, 1)
+
+
+ALL_MODELS = sorted([*FIXTURES.glob("*.onnx"), *REAL.glob("*.onnx")])
+
+
+@pytest.mark.parametrize("model", ALL_MODELS, ids=[p.stem for p in ALL_MODELS])
+def test_layer_tensors_without_shapes_are_the_tensors_detection_finds(model: Path) -> None:
+    """verify starts onnxruntime on the tensors found without shape inference: they must be the
+    very tensors that full detection finds, layer by layer."""
+    index = load_index(model)
+
+    def tensors(layer: AttentionLayer) -> tuple[object, ...]:
+        return (layer.name, layer.q, layer.gathered_k, layer.gathered_v, layer.masks, layer.output)
+
+    early = layer_tensors(index)
+    assert [tensors(layer) for layer in early] == [
+        tensors(layer) for layer in detect_attention(index)
+    ]
+    assert all(layer.q_axis is None and layer.k_rank is None for layer in early)

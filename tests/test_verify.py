@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import ANCHORS, FIXTURES, read_json, run_cli
 
-from shardcheck import verify
+from shardcheck import GraphIndex, verify
 
 REAL = FIXTURES / "real"
 BERT = REAL / "ts_bert_tiny.onnx"
@@ -199,3 +199,24 @@ def test_polygraphy_example_that_fails_at_batch_2_is_reported_not_crashed(tmp_pa
     assert result.exit_code == 1
     assert "SC001 error: the model does not run in onnxruntime" in result.stdout
     assert "MatMul" in result.stdout and "Traceback" not in result.output
+
+
+def test_the_watched_outputs_appended_to_the_files_bytes_make_the_same_model() -> None:
+    """verify gives onnxruntime the file's bytes followed by the new graph outputs (protobuf
+    merges them) instead of serializing the model again: the same model must come out."""
+    import onnx
+
+    from shardcheck.loader import parse_model
+    from shardcheck.verify_runtime import _with_outputs
+
+    parsed = parse_model(BERT)
+    assert parsed.serialized is not None
+    index = GraphIndex(parsed.model, source=str(BERT))
+    extra = [index.nodes[i].outputs[0] for i in (3, 10, 3)]  # a repeat is added once
+    extra.append(index.graph_outputs[0])  # already an output: not added again
+    appended = onnx.ModelProto.FromString(_with_outputs(index, BERT, extra, parsed.serialized))
+    serialized = onnx.ModelProto.FromString(_with_outputs(index, BERT, extra))
+    assert appended == serialized
+    names = [o.name for o in appended.graph.output]
+    assert names == [*index.graph_outputs, extra[0], extra[1]]
+    assert [o.name for o in index.model.graph.output] == index.graph_outputs  # lent, given back
