@@ -45,6 +45,7 @@ class AxisMapper:
         self.seq = seq
         # The frontier search asks the same questions in every round: answer each once.
         self._memo: dict[tuple[int, int], AxisList | None] = {}
+        self._forward_memo: dict[tuple[int, str, int], int | None] = {}
 
     def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         key = (node.index, out_axis)
@@ -111,14 +112,18 @@ class AxisMapper:
 
     def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:
         """The output axis that input ``tensor`` at ``axis`` maps to (first output), if any."""
+        key = (node.index, tensor, axis)
+        if key in self._forward_memo:
+            return self._forward_memo[key]
+        found = None
         out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
-        if out_rank is None:
-            return None
-        for out_axis in range(out_rank):
+        for out_axis in range(out_rank or 0):
             mapped = self.input_axes(node, out_axis)
             if mapped and (tensor, axis) in mapped:
-                return out_axis
-        return None
+                found = out_axis
+                break
+        self._forward_memo[key] = found
+        return found
 
     # ------------------------------------------------------------------ per op
 

@@ -183,14 +183,24 @@ class _ShapeSources:
         found = self.sizing_memo.get(key)
         if found is None:
             node = self.index.nodes[node_index]
-            mapped = mapper.input_axes(node, axis) or []
-            followed = {name for name, _ in mapped}
-            found = frozenset(
-                source
+            initializers = self.index.initializers
+            # Weights and constants are sized by nothing: most inputs end here.
+            shape_like = [
+                name
                 for name in node.inputs
-                if name and name not in followed and name not in self.derived
-                for source in self.of(name)
-            )
+                if name and name not in self.derived and name not in initializers
+            ]
+            if shape_like:
+                mapped = mapper.input_axes(node, axis) or []
+                followed = {name for name, _ in mapped}
+                found = frozenset(
+                    source
+                    for name in shape_like
+                    if name not in followed
+                    for source in self.of(name)
+                )
+            else:
+                found = frozenset()
             self.sizing_memo[key] = found
         return found
 
