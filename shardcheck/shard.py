@@ -87,7 +87,13 @@ def _layers_by_q(index: GraphIndex) -> dict[str, list[tuple[str, str]]]:
 class _Rewriter:
     """Inserts chains of nodes after a tensor and moves every consumer to the chain's tail."""
 
-    def __init__(self, index: GraphIndex, hints: ShardHints, hints_source: str) -> None:
+    def __init__(
+        self,
+        index: GraphIndex,
+        hints: ShardHints,
+        hints_source: str,
+        shapes: ShapeInference | None = None,
+    ) -> None:
         self.index = index
         self.hints = hints
         self.hints_source = hints_source
@@ -106,7 +112,7 @@ class _Rewriter:
         self.current: dict[str, str] = {}
         self.tails: dict[str, ChainTail] = {}
         self.new_value_infos: list[onnx.ValueInfoProto] = []
-        self._shapes: ShapeInference | None = None
+        self._shapes = shapes
 
     # ----------------------------------------------------------------- chains
 
@@ -218,11 +224,12 @@ def shard_model(
     layers: dict[str, list[tuple[str, str]]] | None = None,
     *,
     hints_source: str = "<hints>",
+    shapes: ShapeInference | None = None,
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
     ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
-    (default: ``shardcheck.detect``).
+    (default: ``shardcheck.detect``); ``shapes``: the model's, when already inferred.
     """
     if hints.parallelism != "CP":
         raise InputError(
@@ -238,7 +245,7 @@ def shard_model(
             )
     _check_tensors(index, hints, hints_source)
     layers = _layers_by_q(index) if layers is None else layers
-    rewriter = _Rewriter(index, hints, hints_source)
+    rewriter = _Rewriter(index, hints, hints_source, shapes)
 
     for position, tensor in enumerate(hints.inputs):
         rewriter.collective(

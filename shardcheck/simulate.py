@@ -22,20 +22,22 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
-from shardcheck.budget import check_memory
+from shardcheck.budget import check_memory, check_weights
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds, resolve_dims, run_model
+from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import load_index
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
+from shardcheck.shapes import ShapeInference
 from shardcheck.shard import external_locations, shard_model
 
 SHAPE_SOURCES = frozenset({"Shape", "Size"})
@@ -94,6 +96,16 @@ class SimulationResult:
         )
 
 
+@dataclass(frozen=True)
+class ReferenceRun:
+    """Graph outputs of a single-device run already made on ``make_feeds(index, dims, seed)``
+    (verify's own runs): the simulation compares with them instead of running again."""
+
+    dims: Mapping[str, int]
+    seed: int
+    outputs: Mapping[str, np.ndarray]
+
+
 def simulate(
     model_path: str | os.PathLike[str],
     hints: ShardHints | str | os.PathLike[str],
@@ -107,8 +119,18 @@ def simulate(
 ) -> SimulationResult:
     """Shard ``model_path`` with ``hints``, run it on ``ranks`` simulated ranks and compare
     every rank's outputs with the single-device run on the same seeded inputs."""
+    _check_ranks(ranks)
+    _check_run_settings(ranks, seq_len, rtol, atol)
+    simulation = Simulation(model_path, hints, ranks=ranks)
+    return simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
+
+
+def _check_ranks(ranks: int) -> None:
     if ranks < 1:
         raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+
+
+def _check_run_settings(ranks: int, seq_len: int, rtol: float, atol: float) -> None:
     for option, value in (("--rtol", rtol), ("--atol", atol)):
         if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
             raise InputError(f"{option} {value}: expected a finite number >= 0")
@@ -117,43 +139,105 @@ def simulate(
             f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "
             f"{ranks} ranks, so that every rank holds as many positions"
         )
-    index = load_index(model_path)
-    if not isinstance(hints, ShardHints):
-        hints_source, hints = str(hints), read_hints(hints)
-    else:
-        hints_source = "<hints>"
-    sharded = shard_model(index, hints, hints_source=hints_source)
-    resolved = resolve_dims(index, hints, seq_len, dims or {})
-    check_memory(index, resolved, seq_len=seq_len, option="--seq-len")
-    feeds = make_feeds(index, resolved, seed)
-    model = _with_weights(index, Path(model_path))
-    reference = _run_single_device(model, feeds, index.source, resolved)
-    simulator = RankSimulator(sharded, model, ranks)
 
-    worst = 0.0
-    try:
-        values = simulator.run(feeds)
-    except RankFailure as failure:
-        first: Mismatch | None = _failure_mismatch(simulator, failure)
-    else:
-        worst, first = _compare_outputs(simulator, values, reference, rtol, atol)
-    single_device_runs = 1
-    if first is not None:
-        first = _diagnose(simulator, model, feeds, rtol, atol) or first
-        single_device_runs = 2
-    return SimulationResult(
-        ok=first is None,
-        ranks=ranks,
-        seq_len=seq_len,
-        dims=resolved,
-        outputs=tuple(index.graph_outputs),
-        rtol=rtol,
-        atol=atol,
-        stages=simulator.stage_count,
-        session_runs=simulator.session_runs + single_device_runs,
-        max_abs_error=worst,
-        mismatch=first,
-    )
+
+class Simulation:
+    """A model sharded with its hints, ready to run on ``ranks`` simulated ranks at any
+    sequence length. The sharded model, the stage sessions and the single-device session are
+    made once and serve every length (verify runs two).
+
+    ``index``, ``layers`` (Q -> gathered K and V of each layer) and ``shapes``: what the
+    caller has already found of the model, so that it is not found again.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        hints: ShardHints | str | os.PathLike[str],
+        *,
+        ranks: int,
+        index: GraphIndex | None = None,
+        layers: dict[str, list[tuple[str, str]]] | None = None,
+        shapes: ShapeInference | None = None,
+    ) -> None:
+        _check_ranks(ranks)
+        self.ranks = ranks
+        self.index = index = index if index is not None else load_index(model_path)
+        if not isinstance(hints, ShardHints):
+            hints_source, hints = str(hints), read_hints(hints)
+        else:
+            hints_source = "<hints>"
+        self.hints = hints
+        sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
+        check_weights(index)
+        self.model = _with_weights(index, Path(model_path))
+        self.simulator = RankSimulator(sharded, self.model, ranks)
+        self._single_device: Any = None
+
+    def run(
+        self,
+        seq_len: int,
+        *,
+        dims: Mapping[str, int] | None = None,
+        rtol: float = 1e-4,
+        atol: float = 1e-5,
+        seed: int = 0,
+        reference: ReferenceRun | None = None,
+    ) -> SimulationResult:
+        """Run the ranks at ``seq_len`` and compare their outputs with the single-device run
+        (``reference`` when it was made with the same dims and seed)."""
+        _check_run_settings(self.ranks, seq_len, rtol, atol)
+        index, simulator = self.index, self.simulator
+        resolved = resolve_dims(index, self.hints, seq_len, dims or {})
+        check_memory(index, resolved, seq_len=seq_len, option="--seq-len")
+        feeds = make_feeds(index, resolved, seed)
+        single_device_runs = 0
+        if reference is not None and dict(reference.dims) == resolved and reference.seed == seed:
+            expected: Mapping[str, np.ndarray] = reference.outputs
+        else:
+            expected = self._run_single_device(feeds, resolved)
+            single_device_runs = 1
+
+        worst = 0.0
+        runs_before = simulator.session_runs
+        try:
+            values = simulator.run(feeds)
+        except RankFailure as failure:
+            first: Mismatch | None = _failure_mismatch(simulator, failure)
+        else:
+            worst, first = _compare_outputs(simulator, values, expected, rtol, atol)
+        if first is not None:
+            first = _diagnose(simulator, self.model, feeds, rtol, atol) or first
+            single_device_runs += 1
+        return SimulationResult(
+            ok=first is None,
+            ranks=self.ranks,
+            seq_len=seq_len,
+            dims=resolved,
+            outputs=tuple(index.graph_outputs),
+            rtol=rtol,
+            atol=atol,
+            stages=simulator.stage_count,
+            session_runs=simulator.session_runs - runs_before + single_device_runs,
+            max_abs_error=worst,
+            mismatch=first,
+        )
+
+    def _run_single_device(
+        self, feeds: Mapping[str, np.ndarray], dims: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        names = list(self.index.graph_outputs)
+        try:
+            if self._single_device is None:
+                self._single_device = make_session(self.model)
+            values = self._single_device.run(names, dict(feeds))
+        except ort_errors() as error:
+            chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
+            raise InputError(
+                f"{self.index.source}: the single-device model does not run with dims "
+                f"{chosen}: {' '.join(str(error).split())}"
+            ) from None
+        return dict(zip(names, values, strict=True))
 
 
 def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
@@ -166,19 +250,6 @@ def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
     except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
         raise InputError(f"{path}: cannot read its external weights: {exc}") from None
     return model
-
-
-def _run_single_device(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], source: str, dims: Mapping[str, int]
-) -> dict[str, np.ndarray]:
-    try:
-        return run_model(model, feeds)
-    except ort_errors() as error:
-        chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
-        raise InputError(
-            f"{source}: the single-device model does not run with dims {chosen}: "
-            f"{' '.join(str(error).split())}"
-        ) from None
 
 
 # --------------------------------------------------------------------------- comparing

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardcheck.budget import check_weights
@@ -32,6 +33,7 @@ from shardcheck.hints_file import read_hints
 from shardcheck.loader import parse_model
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
+from shardcheck.simulate import ReferenceRun, Simulation
 from shardcheck.verify_runtime import (
     DimChooser,
     PendingSession,
@@ -100,8 +102,24 @@ def verify(
     runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
     runtime.run(pending, list(seq_lens), choose)
     if ranks is not None and runtime.ran:
-        _simulate(model_path, hints, ranks, seq_lens, choose, rtol, atol, seed, report, progress)
+        simulation = Simulation(
+            model_path,
+            hints,
+            ranks=ranks,
+            index=index,
+            layers=_gathered_by_q(layers),
+            shapes=shapes,
+        )
+        settings = _SimulationSettings(ranks, rtol, atol, seed)
+        _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
     return report
+
+
+def _gathered_by_q(layers: list[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
+    gathered: dict[str, list[tuple[str, str]]] = {}
+    for layer in layers:
+        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
+    return gathered
 
 
 def _dim_chooser(
@@ -153,33 +171,36 @@ def _default_dim(name: str) -> int:
 # --------------------------------------------------------------------------- static checks
 
 
+@dataclass(frozen=True)
+class _SimulationSettings:
+    ranks: int
+    rtol: float
+    atol: float
+    seed: int
+
+
 def _simulate(
-    model_path: str | os.PathLike[str],
-    hints: ShardHints,
-    ranks: int,
+    simulation: Simulation,
+    settings: _SimulationSettings,
     seq_lens: Sequence[int],
     choose: DimChooser,
-    rtol: float,
-    atol: float,
-    seed: int,
+    runtime: RuntimeCheck,
     report: Report,
     progress: Progress | None,
 ) -> None:
-    from shardcheck.simulate import simulate
-
+    ranks = settings.ranks
     for length in seq_lens:
         if progress is not None:
             progress(f"simulating CP on {ranks} ranks at sequence length {length}...")
         started = time.perf_counter()
-        result = simulate(
-            model_path,
-            hints,
-            ranks=ranks,
-            seq_len=length,
+        ran = runtime.graph_outputs.get(length)
+        result = simulation.run(
+            length,
             dims=choose(length),
-            rtol=rtol,
-            atol=atol,
-            seed=seed,
+            rtol=settings.rtol,
+            atol=settings.atol,
+            seed=settings.seed,
+            reference=None if ran is None else ReferenceRun(ran[0], settings.seed, ran[1]),
         )
         report.runs.append(
             {

@@ -58,6 +58,8 @@ class RuntimeCheck:
         self.progress = progress
         self.ran = False
         self.mask_values: dict[str, np.ndarray] = {}
+        # Per length: the dims of the run and its graph outputs (the CP simulation's reference).
+        self.graph_outputs: dict[int, tuple[dict[str, int], dict[str, np.ndarray]]] = {}
 
     def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
         watched = pending.watched
@@ -94,6 +96,11 @@ class RuntimeCheck:
                 failures[length] = (failure, dims)
                 continue
             outputs, values = session.last
+            declared = set(self.index.graph_outputs)
+            self.graph_outputs[length] = (
+                dims,
+                {n: v for n, v in zip(outputs, values, strict=True) if n in declared},
+            )
             if not shapes_by_len:
                 masks = {m for layer in self.by_q.values() for m in layer.masks}
                 self.mask_values = {

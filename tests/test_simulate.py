@@ -19,13 +19,20 @@ from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds, resolve_dims
+from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.generate import generate
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor, dumps
 from shardcheck.options import GenOptions
 from shardcheck.ranks import REDUCERS, RankSimulator
 from shardcheck.shard import shard_model
-from shardcheck.simulate import SimulationResult, compare_to_slice, compare_values, simulate
+from shardcheck.simulate import (
+    ReferenceRun,
+    Simulation,
+    SimulationResult,
+    compare_to_slice,
+    compare_values,
+    simulate,
+)
 
 REAL = FIXTURES / "real"
 
@@ -370,6 +377,56 @@ def test_the_happy_path_runs_each_stage_once_per_rank_and_nothing_else() -> None
     result = simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8)
     assert_match(result)
     assert result.session_runs == simulator.session_runs + 1
+
+
+def test_a_simulation_serves_several_lengths_with_the_sessions_made_once() -> None:
+    """verify simulates at each of its lengths: the sharded model, its stage sessions and the
+    single-device session are made once; each length only runs them."""
+    name = "ts_gpt2_tiny"
+    inputs, outputs = DECODER_FRONTIERS[name]
+    hints = truth_hints(name).with_changes(
+        inputs=tuple(ShardTensor(*t) for t in inputs),
+        outputs=tuple(ShardTensor(*t) for t in outputs),
+    )
+    simulation = Simulation(REAL / f"{name}.onnx", hints, ranks=2)
+    stages = [step for step in simulation.simulator.steps if hasattr(step, "sessions")]
+    first = simulation.run(8)
+    assert_match(first)
+    sessions = [session for stage in stages for session in stage.sessions.values()]
+    single_device = simulation._single_device
+    second = simulation.run(16)
+    assert_match(second)
+    assert [s for stage in stages for s in stage.sessions.values()] == sessions
+    assert simulation._single_device is single_device
+    assert (first.seq_len, second.seq_len) == (8, 16)
+
+
+def test_the_reference_of_a_run_already_made_replaces_the_single_device_run() -> None:
+    """verify passes its own runs' graph outputs: used when the dims and seed are the run's,
+    ignored otherwise; a wrong reference is a mismatch (it is really compared with)."""
+    name = "ts_gpt2_tiny"
+    inputs, outputs = DECODER_FRONTIERS[name]
+    hints = truth_hints(name).with_changes(
+        inputs=tuple(ShardTensor(*t) for t in inputs),
+        outputs=tuple(ShardTensor(*t) for t in outputs),
+    )
+    simulation = Simulation(REAL / f"{name}.onnx", hints, ranks=2)
+    index = simulation.index
+    dims = resolve_dims(index, hints, 8, {})
+    feeds = make_feeds(index, dims, seed=3)
+    single = run_model(simulation.model, feeds)
+    before = simulation.simulator.session_runs
+    used = simulation.run(8, seed=3, reference=ReferenceRun(dims, 3, single))
+    assert_match(used)
+    # Only the ranks' stage runs: no single-device run.
+    assert used.session_runs == simulation.simulator.session_runs - before > 0
+
+    wrong = {name: np.zeros_like(value) for name, value in single.items()}
+    assert not simulation.run(8, seed=3, reference=ReferenceRun(dims, 3, wrong)).ok
+    before = simulation.simulator.session_runs
+    other_seed = simulation.run(8, seed=4, reference=ReferenceRun(dims, 3, wrong))
+    assert_match(other_seed)  # not the same inputs: the reference is not used
+    assert other_seed.session_runs == simulation.simulator.session_runs - before + 1
 
 
 def _reads(step: object) -> list[str]:
