@@ -136,11 +136,7 @@ DECODER_FRONTIERS = {
 def test_frontier_hints_match_on_decoders_with_positions_and_causal_masks(
     name: str, ranks: int
 ) -> None:
-    inputs, outputs = DECODER_FRONTIERS[name]
-    hints = truth_hints(name).with_changes(
-        inputs=tuple(ShardTensor(*t) for t in inputs),
-        outputs=tuple(ShardTensor(*t) for t in outputs),
-    )
+    hints = frontier_hints(name)
     assert_match(simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8))
     assert_match(simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=16, dims={"batch": 2}))
 
@@ -353,11 +349,7 @@ def test_the_happy_path_runs_each_stage_once_per_rank_and_nothing_else() -> None
     single-device run: about N + 1 inferences of the model."""
     ranks = 4
     name = "ts_gpt2_tiny"
-    inputs, outputs = DECODER_FRONTIERS[name]
-    hints = truth_hints(name).with_changes(
-        inputs=tuple(ShardTensor(*t) for t in inputs),
-        outputs=tuple(ShardTensor(*t) for t in outputs),
-    )
+    hints = frontier_hints(name)
     index = load_index(REAL / f"{name}.onnx")
     simulator = RankSimulator(shard_model(index, hints), index.model, ranks)
     feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
@@ -383,11 +375,7 @@ def test_a_simulation_serves_several_lengths_with_the_sessions_made_once() -> No
     """verify simulates at each of its lengths: the sharded model, its stage sessions and the
     single-device session are made once; each length only runs them."""
     name = "ts_gpt2_tiny"
-    inputs, outputs = DECODER_FRONTIERS[name]
-    hints = truth_hints(name).with_changes(
-        inputs=tuple(ShardTensor(*t) for t in inputs),
-        outputs=tuple(ShardTensor(*t) for t in outputs),
-    )
+    hints = frontier_hints(name)
     simulation = Simulation(REAL / f"{name}.onnx", hints, ranks=2)
     stages = [step for step in simulation.simulator.steps if hasattr(step, "sessions")]
     first = simulation.run(8)
@@ -405,11 +393,7 @@ def test_the_reference_of_a_run_already_made_replaces_the_single_device_run() ->
     """verify passes its own runs' graph outputs: used when the dims and seed are the run's,
     ignored otherwise; a wrong reference is a mismatch (it is really compared with)."""
     name = "ts_gpt2_tiny"
-    inputs, outputs = DECODER_FRONTIERS[name]
-    hints = truth_hints(name).with_changes(
-        inputs=tuple(ShardTensor(*t) for t in inputs),
-        outputs=tuple(ShardTensor(*t) for t in outputs),
-    )
+    hints = frontier_hints(name)
     simulation = Simulation(REAL / f"{name}.onnx", hints, ranks=2)
     index = simulation.index
     dims = resolve_dims(index, hints, 8, {})
@@ -427,6 +411,15 @@ def test_the_reference_of_a_run_already_made_replaces_the_single_device_run() ->
     other_seed = simulation.run(8, seed=4, reference=ReferenceRun(dims, 3, wrong))
     assert_match(other_seed)  # not the same inputs: the reference is not used
     assert other_seed.session_runs == simulation.simulator.session_runs - before + 1
+
+
+def frontier_hints(name: str) -> ShardHints:
+    """TRUTH's hints with the frontier inputs and outputs of a decoder."""
+    inputs, outputs = DECODER_FRONTIERS[name]
+    return truth_hints(name).with_changes(
+        inputs=tuple(ShardTensor(*t) for t in inputs),
+        outputs=tuple(ShardTensor(*t) for t in outputs),
+    )
 
 
 def _reads(step: object) -> list[str]:
