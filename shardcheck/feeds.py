@@ -28,6 +28,7 @@ import onnx
 from shardcheck.errors import InputError
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
+from shardcheck.shapes import ShapeInference
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -47,9 +48,14 @@ FLOAT_TYPES = (np.float16, np.float32, np.float64)
 
 
 def resolve_dims(
-    index: GraphIndex, hints: ShardHints, seq_len: int, user_dims: Mapping[str, int]
+    index: GraphIndex,
+    hints: ShardHints,
+    seq_len: int,
+    user_dims: Mapping[str, int],
+    shapes: ShapeInference | None = None,
 ) -> dict[str, int]:
-    """A value for every symbolic dim of the graph inputs (rules in the module docstring)."""
+    """A value for every symbolic dim of the graph inputs (rules in the module docstring);
+    ``shapes``: the model's, when already inferred."""
     names = graph_input_dims(index)
     for name, value in user_dims.items():
         if name not in names:
@@ -60,7 +66,7 @@ def resolve_dims(
             )
         if value < 1:
             raise InputError(f"--dim {name}={value}: a dim must be a positive integer")
-    sequence = set(sequence_dims(index, hints, user_dims))
+    sequence = set(sequence_dims(index, hints, user_dims, shapes))
     dims: dict[str, int] = {}
     for name in names:
         if name in user_dims:
@@ -83,7 +89,10 @@ def graph_input_dims(index: GraphIndex) -> list[str]:
 
 
 def sequence_dims(
-    index: GraphIndex, hints: ShardHints, user_dims: Mapping[str, int] | None = None
+    index: GraphIndex,
+    hints: ShardHints,
+    user_dims: Mapping[str, int] | None = None,
+    shapes: ShapeInference | None = None,
 ) -> list[str]:
     """The dim names that the hints scatter (see the module docstring for the rule)."""
     names = graph_input_dims(index)
@@ -97,9 +106,7 @@ def sequence_dims(
         else:
             inner.append((tensor.name, tensor.seq_len_idx))
     if inner:
-        from shardcheck.shapes import ShapeInference
-
-        shapes = ShapeInference(index)
+        shapes = shapes if shapes is not None else ShapeInference(index)
         for name, axis in inner:
             dim = _dim_at(shapes.shape(name), axis)
             if isinstance(dim, str) and dim in names:

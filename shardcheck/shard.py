@@ -29,7 +29,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from shardcheck.detect import detect_attention
+from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, output_target
 from shardcheck.graph import GraphIndex
@@ -76,12 +76,12 @@ def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.Att
     ]
 
 
-def _layers_by_q(index: GraphIndex) -> dict[str, list[tuple[str, str]]]:
-    """Q -> (gathered K, gathered V) of each attention layer shardcheck detects with that Q."""
-    layers: dict[str, list[tuple[str, str]]] = {}
-    for layer in detect_attention(index):
-        layers.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
-    return layers
+def gathered_by_q(layers: Iterable[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
+    """Q -> (gathered K, gathered V) of each of ``layers`` with that Q."""
+    gathered: dict[str, list[tuple[str, str]]] = {}
+    for layer in layers:
+        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
+    return gathered
 
 
 class _Rewriter:
@@ -244,7 +244,8 @@ def shard_model(
                 "(replace: null)"
             )
     _check_tensors(index, hints, hints_source)
-    layers = _layers_by_q(index) if layers is None else layers
+    if layers is None:
+        layers = gathered_by_q(detect_attention(index, shapes))
     rewriter = _Rewriter(index, hints, hints_source, shapes)
 
     for position, tensor in enumerate(hints.inputs):

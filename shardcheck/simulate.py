@@ -30,6 +30,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
 from shardcheck.budget import check_memory, check_weights
+from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
@@ -38,7 +39,7 @@ from shardcheck.hints_file import read_hints
 from shardcheck.loader import load_index
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
-from shardcheck.shard import external_locations, shard_model
+from shardcheck.shard import external_locations, gathered_by_q, shard_model
 
 SHAPE_SOURCES = frozenset({"Shape", "Size"})
 # The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
@@ -168,6 +169,9 @@ class Simulation:
         else:
             hints_source = "<hints>"
         self.hints = hints
+        self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)
+        if layers is None:
+            layers = gathered_by_q(detect_attention(index, shapes))
         sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
         check_weights(index)
         self.model = _with_weights(index, Path(model_path))
@@ -188,8 +192,8 @@ class Simulation:
         (``reference`` when it was made with the same dims and seed)."""
         _check_run_settings(self.ranks, seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
-        resolved = resolve_dims(index, self.hints, seq_len, dims or {})
-        check_memory(index, resolved, seq_len=seq_len, option="--seq-len")
+        resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
+        check_memory(index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes)
         feeds = make_feeds(index, resolved, seed)
         single_device_runs = 0
         if reference is not None and dict(reference.dims) == resolved and reference.seed == seed:

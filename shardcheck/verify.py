@@ -33,6 +33,7 @@ from shardcheck.hints_file import read_hints
 from shardcheck.loader import parse_model
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
+from shardcheck.shard import gathered_by_q
 from shardcheck.simulate import ReferenceRun, Simulation
 from shardcheck.verify_runtime import (
     DimChooser,
@@ -107,19 +108,12 @@ def verify(
             hints,
             ranks=ranks,
             index=index,
-            layers=_gathered_by_q(layers),
+            layers=gathered_by_q(layers),
             shapes=shapes,
         )
         settings = _SimulationSettings(ranks, rtol, atol, seed)
         _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
     return report
-
-
-def _gathered_by_q(layers: list[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
-    gathered: dict[str, list[tuple[str, str]]] = {}
-    for layer in layers:
-        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
-    return gathered
 
 
 def _dim_chooser(
