@@ -242,9 +242,10 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
             if tensor in seen:
                 continue
             seen.add(tensor)
-            value = index.constant_value(tensor)
-            if value is not None and _is_triangular(value):
-                return f"constant triangular mask {tensor}"
+            if index.constant_rank(tensor, default=2) >= 2:  # no numpy for scalars and vectors
+                value = index.constant_value(tensor)
+                if value is not None and _is_triangular(value):
+                    return f"constant triangular mask {tensor}"
             producer = index.producer_of(tensor)
             if producer is None:
                 continue

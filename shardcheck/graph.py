@@ -120,9 +120,17 @@ def _value_info_shape(info: onnx.ValueInfoProto) -> Shape | None:
 class GraphIndex:
     """Producers, consumers and declared shapes of a model's main graph."""
 
-    def __init__(self, model: onnx.ModelProto, source: str = "<model>") -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        source: str = "<model>",
+        *,
+        external_locations: set[str] | None = None,
+    ) -> None:
         self.model = model
         self.source = source
+        # Known when the loader has already looked at every tensor of the model.
+        self._external_locations = external_locations
         graph = model.graph
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [
@@ -175,6 +183,12 @@ class GraphIndex:
             for name in outputs:
                 if name:
                     producer[name] = index
+
+    def external_locations(self) -> set[str]:
+        """The files that hold the model's external tensors (locations relative to it)."""
+        if self._external_locations is None:
+            self._external_locations = external_locations(self.model)
+        return self._external_locations
 
     # ------------------------------------------------------------------ topology
 
@@ -238,6 +252,19 @@ class GraphIndex:
 
     # ------------------------------------------------------------------ constants
 
+    def constant_rank(self, tensor: str, default: int) -> int:
+        """The rank of an initializer or a Constant node's ``value`` tensor, read from its dims
+        without its data; ``default`` for anything else."""
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is None:
+            node = self.producer_of(tensor)
+            if node is None or node.op_type != "Constant":
+                return default
+            proto = next((a.t for a in node.proto.attribute if a.name == "value"), None)
+            if proto is None:
+                return default
+        return len(proto.dims)
+
     def constant_value(self, tensor: str) -> np.ndarray | None:
         """The value of a small constant (initializer or Constant node), or None."""
         if tensor in self._constant_cache:
@@ -284,3 +311,19 @@ def _constant_node_value(node: Node) -> np.ndarray | None:
         if attribute.name in ("value_floats", "value_ints"):
             return np.array(onnx.helper.get_attribute_value(attribute))
     return None
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The files that hold the model's external tensors (locations relative to the model)."""
+    locations: set[str] = set()
+    tensors = list(model.graph.initializer)
+    tensors.extend(
+        attribute.t
+        for node in model.graph.node
+        for attribute in node.attribute
+        if attribute.HasField("t")
+    )
+    for tensor in tensors:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.update(e.value for e in tensor.external_data if e.key == "location")
+    return locations

@@ -56,7 +56,11 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
 
 
 def load_index(path: str | os.PathLike[str]) -> GraphIndex:
-    return GraphIndex(read_model(path), source=str(path))
+    parsed = parse_model(path)
+    parsed.check()
+    return GraphIndex(
+        parsed.model, source=str(path), external_locations=parsed.external_locations()
+    )
 
 
 class ParsedModel:
@@ -76,6 +80,15 @@ class ParsedModel:
         self.serialized = checker_input
         self._scan = scan
         self._checked = False
+
+    def external_locations(self) -> set[str]:
+        """The files that hold the model's external tensors, as the parse found them."""
+        return {
+            entry.value
+            for tensor in self._scan.external
+            for entry in tensor.external_data
+            if entry.key == "location"
+        }
 
     def check(self) -> None:
         """``onnx.checker`` and the unique node names (ModelError); once."""

@@ -32,7 +32,7 @@ from onnx import helper
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, output_target
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import GraphIndex, external_locations
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
 from shardcheck.shapes import ShapeInference
 
@@ -358,22 +358,6 @@ def save_sharded_model(
             path.unlink(missing_ok=True)
         raise
     return copied
-
-
-def external_locations(model: onnx.ModelProto) -> set[str]:
-    """The files that hold the model's external tensors (locations relative to the model)."""
-    locations: set[str] = set()
-    tensors = list(model.graph.initializer)
-    tensors.extend(
-        attribute.t
-        for node in model.graph.node
-        for attribute in node.attribute
-        if attribute.HasField("t")
-    )
-    for tensor in tensors:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            locations.update(e.value for e in tensor.external_data if e.key == "location")
-    return locations
 
 
 def _place_weight_file(source: Path, target: Path) -> bool:

@@ -39,7 +39,7 @@ from shardcheck.hints_file import read_hints
 from shardcheck.loader import load_index
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
-from shardcheck.shard import external_locations, gathered_by_q, shard_model
+from shardcheck.shard import gathered_by_q, shard_model
 
 SHAPE_SOURCES = frozenset({"Shape", "Size"})
 # The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
@@ -245,7 +245,7 @@ class Simulation:
 
 
 def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
-    if not external_locations(index.model):
+    if not index.external_locations():
         return index.model
     model = onnx.ModelProto()
     model.CopyFrom(index.model)

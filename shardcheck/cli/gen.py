@@ -15,7 +15,6 @@ from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
 from shardcheck.loader import load_index
 from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
-from shardcheck.shard import external_locations
 
 
 @click.command()
@@ -125,7 +124,7 @@ def gen(model: str, output: str, **options: object) -> int:
     if same_file(output, model):
         raise InputError(f"{output}: is the input model; write the hints elsewhere")
     index = load_index(model)
-    for location in external_locations(index.model):
+    for location in index.external_locations():
         if same_file(output, Path(model).parent / location):
             raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
     result = generate(index, gen_options)

@@ -10,7 +10,7 @@ from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import load_index
-from shardcheck.shard import external_locations, save_sharded_model, shard_model
+from shardcheck.shard import save_sharded_model, shard_model
 
 
 @click.command()
@@ -29,7 +29,7 @@ def shard(model: str, hints: str, output: str) -> int:
     index = load_index(model)
     if same_file(output, hints):
         raise InputError(f"{output}: is the hints file; write the sharded model elsewhere")
-    for location in external_locations(index.model):
+    for location in index.external_locations():
         if same_file(output, Path(model).parent / location):
             raise InputError(f"{output}: is a weight file of MODEL; write the model elsewhere")
     sharded = shard_model(index, read_hints(hints), hints_source=hints)

@@ -128,6 +128,8 @@ def match_pattern1(index: GraphIndex, root: Node) -> PatternMatch | None:
 
 
 PATTERNS = {0: match_pattern0, 1: match_pattern1}
+# The op each pattern starts at: other nodes are not tried.
+ROOT_OPS = {0: "MatMul", 1: "Shape"}
 PATTERN_DESCRIPTIONS = {
     0: "pattern 0: MatMul(q, k) -> Softmax -> MatMul(., v)",
     1: "pattern 1: q and k scaled by Sqrt(1/Sqrt(Shape(q)[-1])) -> MatMul -> Softmax -> MatMul",
@@ -136,9 +138,11 @@ PATTERN_DESCRIPTIONS = {
 
 def match_all(index: GraphIndex, pattern: int) -> list[PatternMatch]:
     """Every match of one of Polygraphy's patterns, in graph order."""
-    matcher = PATTERNS[pattern]
+    matcher, root_op = PATTERNS[pattern], ROOT_OPS[pattern]
     matches = []
     for node in index.nodes:
+        if node.op_type != root_op:
+            continue
         match = matcher(index, node)
         if match is not None:
             matches.append(match)
