@@ -13,6 +13,7 @@ less.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from collections import Counter
@@ -60,7 +61,10 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
     first = shapes[0]
-    if all(s == first for s in shapes):
+    if len(shapes) == 2:
+        if shapes[1] == first:
+            return first
+    elif all(s == first for s in shapes):
         return first
     rank = max(len(s) for s in shapes)
     result: list[Dim] = []
@@ -559,11 +563,9 @@ def _constant_tensor(node: Node) -> onnx.TensorProto | None:
 
 
 def _is_small(tensor: onnx.TensorProto) -> bool:
-    elements = int(np.prod([int(d) for d in tensor.dims])) if tensor.dims else 1
-    return elements <= MAX_VALUE_ELEMENTS and tensor.data_type in (
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.INT32,
-    )
+    if tensor.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+        return False
+    return math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS
 
 
 def _as_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:
