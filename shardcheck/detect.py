@@ -83,24 +83,29 @@ def detect_attention(
     for pattern in (0, 1):
         for match in match_all(index, pattern):
             recognised.setdefault(match.matmul1.index, []).append(pattern)
-    return _detect(index, shapes or ShapeInference(index), recognised)
+    return _detect(index, shapes or ShapeInference(index), recognised, look_for_causal=True)
 
 
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:
     """The layers ``detect_attention`` finds, with the same tensors (Q, gathered K and V, masks,
     output), found without shape inference: their axes and ranks are unknown here, and
-    Polygraphy's patterns are not matched. Which tensors a layer has never depends on shapes;
-    verify needs them before onnxruntime loads the model, the rest later."""
-    return _detect(index, _Unranked(), {})
+    Polygraphy's patterns are not matched, and ``causal`` is not looked for. Which tensors a
+    layer has never depends on shapes; verify needs them before onnxruntime loads the model,
+    the rest later."""
+    return _detect(index, _Unranked(), {}, look_for_causal=False)
 
 
 def _detect(
-    index: GraphIndex, shapes: ShapeInference | _Unranked, recognised: dict[int, list[int]]
+    index: GraphIndex,
+    shapes: ShapeInference | _Unranked,
+    recognised: dict[int, list[int]],
+    *,
+    look_for_causal: bool,
 ) -> list[AttentionLayer]:
     layers: list[tuple[int, AttentionLayer]] = []
     for node in index.nodes:
         if node.op_type == "Softmax":
-            layer = _decomposed(index, shapes, node, recognised)
+            layer = _decomposed(index, shapes, node, recognised, look_for_causal)
         elif (node.domain, node.op_type) in FUSED_OPS:
             layer = _fused(index, shapes, node)
         else:
@@ -115,6 +120,7 @@ def _decomposed(
     shapes: ShapeInference | _Unranked,
     softmax: Node,
     recognised: dict[int, list[int]],
+    look_for_causal: bool,
 ) -> tuple[int, AttentionLayer] | None:
     found = _score_matmul(index, softmax)
     if found is None:
@@ -145,7 +151,7 @@ def _decomposed(
         v_axis=None if v_rank is None or v_rank < 2 else v_rank - 2,
         k_rank=k_rank,
         v_rank=v_rank,
-        causal=_causal_mask(index, masks),
+        causal=_causal_mask(index, masks) if look_for_causal else None,
         masks=masks,
         polygraphy_patterns=tuple(recognised.get(score.index, ())),
         op_type="MatMul/Softmax/MatMul",

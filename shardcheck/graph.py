@@ -51,7 +51,7 @@ _SIMPLE_ATTRIBUTES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     index: int
     name: str
@@ -71,6 +71,12 @@ class Node:
             if attribute.name == name:
                 return _attribute_value(attribute)
         return default
+
+
+_NODE_SETTERS = tuple(
+    Node.__dict__[name].__set__
+    for name in ("index", "name", "op_type", "domain", "inputs", "outputs", "proto")
+)
 
 
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:
@@ -153,25 +159,25 @@ class GraphIndex:
 
     def _index_nodes(self, graph: onnx.GraphProto) -> None:
         # The hot loop of the index (tens of thousands of nodes): Node objects are made without
-        # the dataclass __init__ (a frozen one sets each field through object.__setattr__), and
-        # repeated fields are read as slices, the fastest way out of upb.
+        # the dataclass __init__ (a frozen one sets each field through object.__setattr__): their
+        # slots are filled through the slot descriptors. Repeated fields are read as slices, the
+        # fastest way out of upb.
         nodes = self.nodes
         producer = self.producer
         consumers = self.consumers
         new_node = object.__new__
+        set_index, set_name, set_op, set_domain, set_inputs, set_outputs, set_proto = _NODE_SETTERS
         for index, proto in enumerate(graph.node):
             inputs = tuple(proto.input[:])
             outputs = tuple(proto.output[:])
             node = new_node(Node)
-            node.__dict__.update(
-                index=index,
-                name=proto.name,
-                op_type=proto.op_type,
-                domain=proto.domain,
-                inputs=inputs,
-                outputs=outputs,
-                proto=proto,
-            )
+            set_index(node, index)
+            set_name(node, proto.name)
+            set_op(node, proto.op_type)
+            set_domain(node, proto.domain)
+            set_inputs(node, inputs)
+            set_outputs(node, outputs)
+            set_proto(node, proto)
             nodes.append(node)
             for name in inputs:
                 if name:
