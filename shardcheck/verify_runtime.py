@@ -76,7 +76,7 @@ class RuntimeCheck:
         )
         # The graph walks of the comparison need no run: done while the session is made.
         walks = self._graph_walks()
-        session = pending.session()
+        session = pending.session(self.progress)
         shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
         failures: dict[int, tuple[str, dict[str, int]]] = {}
         for length in seq_lens:
@@ -450,8 +450,12 @@ class PendingSession:
         except BaseException as exc:  # handed to the caller's thread by session()
             self._failed.append(exc)
 
-    def session(self) -> _Session:
-        self._thread.join()
+    def session(self, progress: Progress | None = None) -> _Session:
+        """The session, once made; ``progress`` hears when that takes more than a second."""
+        self._thread.join(timeout=None if progress is None else 1.0)
+        if self._thread.is_alive() and progress is not None:
+            progress("onnxruntime is still loading the model...")
+            self._thread.join()
         if self._failed:
             raise self._failed[0]
         return self._made[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ANCHORS, FIXTURES, read_json, run_cli
+from conftest import ANCHORS, FIXTURES, GOLDEN, read_json, run_cli
 
 from shardcheck import GraphIndex, verify
 
@@ -220,3 +220,25 @@ def test_the_watched_outputs_appended_to_the_files_bytes_make_the_same_model() -
     names = [o.name for o in appended.graph.output]
     assert names == [*index.graph_outputs, extra[0], extra[1]]
     assert [o.name for o in index.model.graph.output] == index.graph_outputs  # lent, given back
+
+
+def test_a_slow_model_load_is_announced_on_the_progress_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onnxruntime loads the model in the background; waiting for it more than a second says
+    so (a real session, made a little late)."""
+    import sys
+    import time
+
+    runtime = sys.modules["shardcheck.verify_runtime"]
+    make = runtime._session
+
+    def slow_session(model: bytes, source: str) -> Any:
+        time.sleep(1.3)
+        return make(model, source)
+
+    monkeypatch.setattr(runtime, "_session", slow_session)
+    heard: list[str] = []
+    report = verify(FIXTURES / "attention.onnx", GOLDEN / "attention.json", progress=heard.append)
+    assert report.ok
+    assert heard[0] == "onnxruntime is still loading the model..."
