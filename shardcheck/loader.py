@@ -51,7 +51,6 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse an ONNX file (weights in external files are not loaded) and validate it."""
     parsed = parse_model(path)
     parsed.check()
-    parsed.serialized = None
     return parsed.model
 
 

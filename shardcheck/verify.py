@@ -162,7 +162,7 @@ def _default_dim(name: str) -> int:
     return BATCH_DIM_DEFAULT if BATCH_LIKE.search(name) else OTHER_DIM_DEFAULT
 
 
-# --------------------------------------------------------------------------- static checks
+# --------------------------------------------------------------------------- simulation
 
 
 @dataclass(frozen=True)
