@@ -66,6 +66,13 @@ class Node:
         """How messages name this node: its name, or its op and position when unnamed."""
         return self.name or f"<unnamed {self.op_type} #{self.index}>"
 
+    def value_tensor(self) -> onnx.TensorProto | None:
+        """A Constant node's ``value`` tensor, as a proto (its data is not read)."""
+        for attribute in self.proto.attribute:
+            if attribute.name == "value":
+                return attribute.t
+        return None
+
     def attr(self, name: str, default: Any = None) -> Any:
         for attribute in self.proto.attribute:
             if attribute.name == name:
@@ -266,7 +273,7 @@ class GraphIndex:
             node = self.producer_of(tensor)
             if node is None or node.op_type != "Constant":
                 return default
-            proto = next((a.t for a in node.proto.attribute if a.name == "value"), None)
+            proto = node.value_tensor()
             if proto is None:
                 return default
         return len(proto.dims)

@@ -24,7 +24,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 from onnx import serialization
 
-from shardcheck.errors import ModelError
+from shardcheck.errors import InputError, ModelError
 from shardcheck.graph import GraphIndex
 
 _MISSING_SHAPE = "Field 'shape' of 'type' is required but missing"
@@ -52,6 +52,24 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     parsed = parse_model(path)
     parsed.check()
     return parsed.model
+
+
+def with_external_weights(index: GraphIndex, path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The model with its external weights read in (a copy), for running it; without external
+    data, the index's own model. Only verify and the simulation run models: gen never calls
+    this."""
+    if not index.external_locations():
+        return index.model
+    from onnx.external_data_helper import load_external_data_for_model
+
+    file = Path(path)
+    model = onnx.ModelProto()
+    model.CopyFrom(index.model)
+    try:
+        load_external_data_for_model(model, str(file.resolve().parent))
+    except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
+        raise InputError(f"{file}: cannot read its external weights: {exc}") from None
+    return model
 
 
 def load_index(path: str | os.PathLike[str]) -> GraphIndex:

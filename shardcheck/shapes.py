@@ -210,7 +210,7 @@ class ShapeInference:
     def _constant(self, node: Node) -> list[TensorInfo] | None:
         if node.domain not in ("", "ai.onnx"):
             return None
-        tensor = _constant_tensor(node)
+        tensor = node.value_tensor()
         if tensor is not None and tensor.data_location != onnx.TensorProto.EXTERNAL:
             dims = tuple(tensor.dims)
             code = _INTEGER_CODES.get(tensor.data_type)
@@ -553,13 +553,6 @@ _KNOWN_INPUT_RULES: dict[
     "Conv": ShapeInference._conv_rule,
     "Tile": ShapeInference._tile,
 }
-
-
-def _constant_tensor(node: Node) -> onnx.TensorProto | None:
-    for attribute in node.proto.attribute:
-        if attribute.name == "value":
-            return attribute.t
-    return None
 
 
 def _is_small(tensor: onnx.TensorProto) -> bool:

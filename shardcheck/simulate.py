@@ -21,13 +21,11 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnx.external_data_helper import load_external_data_for_model
 
 from shardcheck.budget import check_memory, check_weights
 from shardcheck.detect import detect_attention
@@ -36,7 +34,7 @@ from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
+from shardcheck.loader import load_index, with_external_weights
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q, shard_model
@@ -174,7 +172,7 @@ class Simulation:
             layers = gathered_by_q(detect_attention(index, shapes))
         sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
         check_weights(index)
-        self.model = _with_weights(index, Path(model_path))
+        self.model = with_external_weights(index, model_path)
         self.simulator = RankSimulator(sharded, self.model, ranks)
         self._single_device: Any = None
 
@@ -242,18 +240,6 @@ class Simulation:
                 f"{chosen}: {' '.join(str(error).split())}"
             ) from None
         return dict(zip(names, values, strict=True))
-
-
-def _with_weights(index: GraphIndex, path: Path) -> onnx.ModelProto:
-    if not index.external_locations():
-        return index.model
-    model = onnx.ModelProto()
-    model.CopyFrom(index.model)
-    try:
-        load_external_data_for_model(model, str(path.resolve().parent))
-    except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
-        raise InputError(f"{path}: cannot read its external weights: {exc}") from None
-    return model
 
 
 # --------------------------------------------------------------------------- comparing

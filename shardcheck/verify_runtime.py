@@ -25,6 +25,7 @@ from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
+from shardcheck.loader import with_external_weights
 from shardcheck.report import ERROR, INFO, WARNING, Report
 from shardcheck.shapes import ShapeInference
 
@@ -527,8 +528,7 @@ def _with_outputs(
     repeated fields, so the file's bytes followed by a ModelProto holding only the new graph
     outputs read as the model with those outputs added.
     """
-    model = index.model
-    present = {o.name for o in model.graph.output}
+    present = {o.name for o in index.model.graph.output}
     added = []
     for name in extra:
         if name not in present and name not in index.initializers:
@@ -536,16 +536,7 @@ def _with_outputs(
             present.add(name)
     if serialized is not None:
         return serialized + onnx.ModelProto(graph=onnx.GraphProto(output=added)).SerializeToString()
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-    if external:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        model = onnx.ModelProto()
-        model.CopyFrom(index.model)
-        try:
-            load_external_data_for_model(model, str(path.resolve().parent))
-        except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
-            raise InputError(f"{path}: cannot read its external weights: {exc}") from None
+    model = with_external_weights(index, path)
     outputs = model.graph.output
     declared = len(outputs)
     try:

@@ -17,7 +17,7 @@ import pytest
 from conftest import FIXTURES, GOLDEN, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from shardcheck import load_index, read_hints
+from shardcheck import load_index, read_hints, verify
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.generate import generate
@@ -516,3 +516,7 @@ def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
     assert_match(simulate(path, hints, ranks=2, seq_len=8))
     wrong = simulate(path, hints.with_changes(k_seq_len_idx=0), ranks=2, seq_len=8)
     assert_culprit(wrong, "k_T/all_gather", "k_T/all_gather")
+    # verify reads the same weights for its own runs and its simulation.
+    assert verify(path, hints, ranks=2).ok
+    report = verify(path, hints.with_changes(k_seq_len_idx=0), ranks=2)
+    assert ("SC105", "k_seq_len_idx") in [(f.code, f.field) for f in report.errors]
