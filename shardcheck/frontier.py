@@ -73,7 +73,9 @@ def find_frontier(
     # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
     whole: set[str] = set()
     layer_outputs = {layer.output: layer for layer in layers}
-    gathered, forward_nodes = _walk_forward(index, mapper, layers, result)
+    # This first walk only gives the nodes after the layers; the last one, once the region is
+    # known, gives the tensors to gather and the warnings.
+    _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     sources = _ShapeSources(index, derived)
     for _ in range(MAX_ROUNDS):
         region, region_nodes, cut = _walk_back(index, mapper, derived, seeds, whole, layer_outputs)
@@ -158,6 +160,18 @@ class _ShapeSources:
         self.derived = derived
         self.memo: dict[str, frozenset[str]] = {}
         self.sizing_memo: dict[tuple[int, int], frozenset[str]] = {}
+        initializers = index.initializers
+        # The nodes with an input computed from some tensor's Shape: only these can be sized
+        # by one. Most nodes have none (their other inputs are weights and constants); every
+        # round skips them at once.
+        self.sizable = {
+            node.index
+            for node in index.nodes
+            if any(
+                name and name not in derived and name not in initializers and self.of(name)
+                for name in node.inputs
+            )
+        }
 
     def of(self, tensor: str) -> frozenset[str]:
         if tensor in self.memo:
@@ -216,7 +230,7 @@ def _sized_whole(
     Slice whose target is computed from a tensor no rank slices): such an output has the whole
     length, so the cut has to be at it, not before."""
     stops: set[str] = set()
-    for node_index in region_nodes:
+    for node_index in region_nodes & sources.sizable:
         output = index.nodes[node_index].outputs[0]
         sized_by = sources.sizing(node_index, region.get(output, 0), mapper)
         if sized_by and not sized_by <= region.keys():
@@ -402,7 +416,7 @@ def _must_be_whole(
     cuts that other nodes read outside the region: both must be computed whole."""
     needed: set[str] = set()
     off_walk: set[str] = set()
-    sliced = _sliced(index, cut)
+    sliced = _SlicedTest(index, cut)
     # One walk back from every cut at once (the union is what counts): through tensors
     # computed whole, to the Shape nodes that read a sliced tensor: one of the region, or one
     # computed from it off the walk (BART takes its positions' length from such a tensor).
@@ -416,7 +430,7 @@ def _must_be_whole(
         if producer_index is None or (current in region and current not in cut):
             continue
         producer = nodes[producer_index]
-        if producer.op_type in SHAPE_OPS and producer.inputs[0] in sliced:
+        if producer.op_type in SHAPE_OPS and sliced(producer.inputs[0]):
             read = producer.inputs[0]
             (needed if read in region else off_walk).add(read)
             continue
@@ -436,23 +450,55 @@ def _must_be_whole(
     return needed
 
 
-def _sliced(index: GraphIndex, cut: dict[str, int]) -> set[str]:
-    """The tensors computed from a scattered one through data (what a rank holds a slice of,
-    or derived from a slice)."""
-    sliced = set(cut)
-    queue = deque(cut)
-    nodes = index.nodes
-    consumers = index.consumers
-    while queue:
-        for node_index in consumers.get(queue.popleft(), ()):
-            node = nodes[node_index]
-            if node.op_type in SHAPE_OPS:
+class _SlicedTest:
+    """Whether a tensor is computed from a scattered one through data (what a rank holds a
+    slice of, or derived from a slice). Asked of few tensors, so answered walking back from
+    them, memoised, rather than by following every cut forward through the whole graph."""
+
+    def __init__(self, index: GraphIndex, cut: dict[str, int]) -> None:
+        self.index = index
+        self.memo: dict[str, bool] = dict.fromkeys(cut, True)
+
+    def __call__(self, tensor: str) -> bool:
+        memo = self.memo
+        known = memo.get(tensor)
+        if known is not None:
+            return known
+        producers = self.index.producer
+        nodes = self.index.nodes
+        # Depth first with an explicit stack (data paths are thousands of nodes long). A
+        # tensor waits on the first of its inputs not yet known; ``expanding`` holds the
+        # tensors waiting, so that a cycle in a malformed graph ends instead of looping.
+        stack = [tensor]
+        expanding: set[str] = set()
+        while stack:
+            current = stack[-1]
+            if current in memo:
+                stack.pop()
                 continue
-            for name in node.outputs:
-                if name and name not in sliced:
-                    sliced.add(name)
-                    queue.append(name)
-    return sliced
+            producer_index = producers.get(current)
+            if producer_index is None or nodes[producer_index].op_type in SHAPE_OPS:
+                memo[current] = False
+                stack.pop()
+                continue
+            sliced = False
+            waiting = None
+            for name in nodes[producer_index].inputs:
+                if name:
+                    value = memo.get(name)
+                    if value:
+                        sliced = True
+                        break
+                    if value is None and waiting is None and name not in expanding:
+                        waiting = name
+            if sliced or waiting is None:
+                memo[current] = sliced
+                expanding.discard(current)
+                stack.pop()
+            else:
+                expanding.add(current)
+                stack.append(waiting)
+        return memo[tensor]
 
 
 def _region_ancestors(

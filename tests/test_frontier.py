@@ -1,0 +1,101 @@
+"""The CP frontier on small hand-made graphs, for the cases the real exports do not reach."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from conftest import FIXTURES
+from onnx import TensorProto
+from onnx import helper as oh
+
+from shardcheck.detect import detect_attention
+from shardcheck.frontier import SHAPE_OPS, _SlicedTest, find_frontier
+from shardcheck.graph import GraphIndex
+from shardcheck.loader import load_index
+from shardcheck.shapes import ShapeInference
+
+SEQ = "sequence_length"
+REAL = FIXTURES / "real"
+
+
+def _attention_whose_output_also_feeds_a_position_wise_op() -> onnx.ModelProto:
+    nodes = [
+        oh.make_node("MatMul", ["q", "k"], ["scores"], name="mm1"),
+        oh.make_node("Softmax", ["scores"], ["probs"], name="sm", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["out"], name="mm2"),
+        oh.make_node("Relu", ["out"], ["activated"], name="relu"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "attention_output_read_twice",
+        [
+            oh.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", SEQ, 16]),
+            oh.make_tensor_value_info("k", TensorProto.FLOAT, ["batch", 16, SEQ]),
+            oh.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", SEQ, 16]),
+        ],
+        [
+            oh.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", SEQ, 16]),
+            oh.make_tensor_value_info("activated", TensorProto.FLOAT, ["batch", SEQ, 16]),
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_once() -> None:
+    index = GraphIndex(_attention_whose_output_also_feeds_a_position_wise_op())
+    shapes = ShapeInference(index)
+    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    assert [(t.name, t.axis) for t in frontier.outputs] == [("out", 1), ("activated", 1)]
+    about_out = [w for w in frontier.warnings if w.startswith("out is gathered")]
+    assert about_out == [
+        "out is gathered (a graph output) but also feeds position-wise ops, which would then "
+        "get the whole sequence; CP may not be exact"
+    ]
+
+
+def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
+    """The definition, computed the direct way: everything reached from a cut through data."""
+    sliced = set(cut)
+    changed = True
+    while changed:
+        changed = False
+        for node in index.nodes:
+            if node.op_type in SHAPE_OPS or not any(name in sliced for name in node.inputs):
+                continue
+            for name in node.outputs:
+                if name and name not in sliced:
+                    sliced.add(name)
+                    changed = True
+    return sliced
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
+    index = load_index(REAL / name)
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    # Cuts of two kinds: where the graph's data enters, and each layer's Q (inside the graph).
+    for cut in (set(index.graph_inputs), {layer.q for layer in layers}):
+        expected = _sliced_by_following_every_cut_forward(index, cut)
+        test = _SlicedTest(index, dict.fromkeys(cut, 1))
+        # Asked in reverse graph order, so that the memo is used deep in the graph first.
+        for tensor in reversed(list(index.all_tensor_names())):
+            assert test(tensor) == (tensor in expected), tensor
+
+
+def test_sliced_test_ends_on_a_cycle() -> None:
+    nodes = [
+        oh.make_node("Add", ["x", "b"], ["a"], name="first"),
+        oh.make_node("Relu", ["a"], ["b"], name="second"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "cycle",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("b", TensorProto.FLOAT, [2])],
+    )
+    index = GraphIndex(oh.make_model(graph))
+    assert _SlicedTest(index, {"x": 0})("b") is True
+    assert _SlicedTest(index, {"y": 0})("b") is False
