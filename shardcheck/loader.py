@@ -107,6 +107,10 @@ class ParsedModel:
             if entry.key == "location"
         }
 
+    def mark_checked(self) -> None:
+        """The checks of ``check`` passed elsewhere (in a child process)."""
+        self._checked = True
+
     def check(self) -> None:
         """``onnx.checker`` and the unique node names (ModelError); once."""
         if self._checked:

@@ -8,12 +8,14 @@ import click
 
 from shardcheck.cli import warning_line
 from shardcheck.cli.arguments import INT_LIST
+from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.generate import generate
+from shardcheck.graph import GraphIndex
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
-from shardcheck.loader import load_index
+from shardcheck.loader import parse_model
 from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 
 
@@ -123,11 +125,15 @@ def gen(model: str, output: str, **options: object) -> int:
         raise InputError(f"--{field.replace('_', '-')}: {problem}") from None
     if same_file(output, model):
         raise InputError(f"{output}: is the input model; write the hints elsewhere")
-    index = load_index(model)
-    for location in index.external_locations():
+    parsed = parse_model(model)
+    for location in parsed.external_locations():
         if same_file(output, Path(model).parent / location):
             raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
-    result = generate(index, gen_options)
+    with checked_concurrently(parsed):
+        index = GraphIndex(
+            parsed.model, source=model, external_locations=parsed.external_locations()
+        )
+        result = generate(index, gen_options)
     for warning in result.warnings:
         warning_line(warning)
     write_hints(output, result.hints)

@@ -1,0 +1,124 @@
+"""gen runs onnx.checker in a forked child while it analyses: same verdicts, same messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from conftest import FIXTURES, run_cli
+
+from shardcheck import concurrent_check
+from shardcheck.errors import ModelError
+from shardcheck.loader import load_index
+
+MODEL = FIXTURES / "attention_head.onnx"
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+
+
+def _invalid_model(directory: Path) -> Path:
+    model = onnx.load(MODEL)
+    model.graph.node[0].op_type = "NoSuchOp"
+    path = directory / "invalid.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _checker_recording_pids(
+    monkeypatch: pytest.MonkeyPatch, record: Path, then: Callable[[], None] | None = None
+) -> None:
+    """Wrap onnx.checker.check_model so that each call appends the calling process's pid to a
+    file (a forked child inherits the wrapper)."""
+    real = onnx.checker.check_model
+
+    def recording(model: Any, *args: Any, **kwargs: Any) -> None:
+        with record.open("a") as file:
+            file.write(f"{os.getpid()}\n")
+        if then is not None:
+            then()
+        real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", recording)
+
+
+def _pids(record: Path) -> list[int]:
+    return [int(line) for line in record.read_text().split()] if record.exists() else []
+
+
+def test_the_checker_runs_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "pids"
+    _checker_recording_pids(monkeypatch, record)
+    result = run_cli("gen", MODEL, "-o", tmp_path / "hints.json")
+    assert result.exit_code == 0, result.stderr
+    pids = _pids(record)
+    assert len(pids) == 1 and pids[0] != os.getpid()
+    assert (tmp_path / "hints.json").exists()
+
+
+def test_a_model_the_checker_refuses_gets_the_checkers_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    invalid = _invalid_model(tmp_path)
+    with pytest.raises(ModelError) as expected:
+        load_index(invalid)
+    record = tmp_path / "pids"
+    _checker_recording_pids(monkeypatch, record)
+    result = run_cli("gen", invalid, "-o", tmp_path / "hints.json")
+    assert result.exit_code == 2
+    assert result.stderr == f"shardcheck: error: {expected.value.message}\n"
+    assert "fails onnx.checker" in result.stderr
+    assert [pid != os.getpid() for pid in _pids(record)] == [True]
+    assert not (tmp_path / "hints.json").exists()
+
+
+def test_the_checkers_verdict_comes_before_an_analysis_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_analysis(*_args: Any) -> Any:
+        raise RuntimeError("the analysis broke on this graph")
+
+    monkeypatch.setattr("shardcheck.cli.gen.generate", broken_analysis)
+    result = run_cli("gen", _invalid_model(tmp_path), "-o", tmp_path / "hints.json")
+    assert result.exit_code == 2
+    assert "fails onnx.checker" in result.stderr
+    # On a model the checker accepts, the analysis's own error is not hidden.
+    valid = run_cli("gen", MODEL, "-o", tmp_path / "hints.json")
+    assert "internal error: RuntimeError: the analysis broke on this graph" in valid.stderr
+
+
+def test_without_fork_the_check_runs_first_in_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(concurrent_check, "_can_fork", lambda: False)
+    record = tmp_path / "pids"
+    _checker_recording_pids(monkeypatch, record)
+    assert run_cli("gen", MODEL, "-o", tmp_path / "hints.json").exit_code == 0
+    invalid = run_cli("gen", _invalid_model(tmp_path), "-o", tmp_path / "other.json")
+    assert invalid.exit_code == 2 and "fails onnx.checker" in invalid.stderr
+    assert _pids(record) == [os.getpid(), os.getpid()]
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_a_child_that_dies_is_replaced_by_a_check_in_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, valid: bool
+) -> None:
+    parent = os.getpid()
+
+    def die_in_the_child() -> None:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    record = tmp_path / "pids"
+    _checker_recording_pids(monkeypatch, record, then=die_in_the_child)
+    model = MODEL if valid else _invalid_model(tmp_path)
+    result = run_cli("gen", model, "-o", tmp_path / "hints.json")
+    assert result.exit_code == (0 if valid else 2), result.stderr
+    assert (tmp_path / "hints.json").exists() == valid
+    pids = _pids(record)
+    assert len(pids) == 2 and pids[0] != parent and pids[1] == parent
