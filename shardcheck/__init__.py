@@ -1,25 +1,24 @@
 """shardcheck: context-parallel shard hints for ONNX models, generated, verified and gated.
 
-Most names below are imported on first use, so that ``shardcheck gen`` never imports deepdiff
-(nor onnxruntime, which only the modules that run models import, when they run one).
-``generate``, ``verify`` and ``simulate`` are imported now: each shares its name with its
-module, and importing the module later would rebind the package attribute to the module.
+Every name below is imported on first use, so that ``shardcheck gen`` imports neither deepdiff
+nor onnxruntime (which only the modules that run models import, when they run one), nor the
+modules of the other commands. ``generate``, ``verify`` and ``simulate`` share their names with
+their modules: importing such a module binds it as an attribute of the package, which the
+package class below declines, so that the name keeps meaning the function.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
-
-from shardcheck.generate import generate
-from shardcheck.simulate import simulate
-from shardcheck.verify import verify
 
 if TYPE_CHECKING:
     from shardcheck.detect import AttentionLayer, detect_attention
     from shardcheck.diff import diff_hints
     from shardcheck.errors import HintsFormatError, InputError, ModelError, ShardcheckError
-    from shardcheck.generate import GenResult
+    from shardcheck.generate import GenResult, generate
     from shardcheck.graph import GraphIndex
     from shardcheck.hints import (
         AttentionLayerHint,
@@ -34,12 +33,14 @@ if TYPE_CHECKING:
     from shardcheck.loader import load_index, read_model
     from shardcheck.options import GenOptions
     from shardcheck.report import Report
+    from shardcheck.simulate import simulate
+    from shardcheck.verify import verify
 
 _MODULES = {
     "shardcheck.detect": ("AttentionLayer", "detect_attention"),
     "shardcheck.diff": ("diff_hints",),
     "shardcheck.errors": ("HintsFormatError", "InputError", "ModelError", "ShardcheckError"),
-    "shardcheck.generate": ("GenResult",),
+    "shardcheck.generate": ("GenResult", "generate"),
     "shardcheck.graph": ("GraphIndex",),
     "shardcheck.hints": (
         "AttentionLayerHint",
@@ -54,9 +55,12 @@ _MODULES = {
     "shardcheck.loader": ("load_index", "read_model"),
     "shardcheck.options": ("GenOptions",),
     "shardcheck.report": ("Report",),
+    "shardcheck.simulate": ("simulate",),
+    "shardcheck.verify": ("verify",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
-_EAGER = ("generate", "simulate", "verify")
+# The functions named like their modules.
+_SHADOWING = frozenset(name for name in _HOME if _HOME[name] == f"shardcheck.{name}")
 
 __all__ = [
     "AttentionLayer",
@@ -98,3 +102,15 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds a submodule to its package; for the modules named like a
+        # public function, the name stays the function's.
+        if name in _SHADOWING and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

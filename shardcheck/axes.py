@@ -97,8 +97,8 @@ class AxisMapper:
         if op == "Expand":
             return self._aligned(node.inputs[:1], out_axis, out_rank)
         if op == "Tile":
-            repeats = self.index.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
-            if repeats is None or repeats.reshape(-1)[out_axis] != 1:
+            repeats = self.index.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+            if repeats is None or repeats[out_axis] != 1:
                 return None
             return [(node.inputs[0], out_axis)]
         if op in REDUCTIONS:
@@ -176,8 +176,8 @@ class AxisMapper:
     def _unsqueeze(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
         axes = node.attr("axes")
         if axes is None and len(node.inputs) > 1:
-            value = self.index.constant_value(node.inputs[1])
-            axes = None if value is None else [int(v) for v in value.reshape(-1)]
+            value = self.index.constant_ints(node.inputs[1])
+            axes = None if value is None else list(value)
         in_rank = self.shapes.rank(node.inputs[0])
         if axes is None or in_rank is None:
             return None
@@ -197,10 +197,10 @@ class AxisMapper:
         if node.op_type == "Split":
             return {node.attr("axis", 0) % rank}
         if len(node.inputs) > 3 and node.inputs[3]:
-            value = self.index.constant_value(node.inputs[3])
+            value = self.index.constant_ints(node.inputs[3])
             if value is None:
                 return set(range(rank))
-            return {int(a) % rank for a in value.reshape(-1)}
+            return {a % rank for a in value}
         starts = self.shapes.shape(node.inputs[1])
         count = starts[0] if starts and isinstance(starts[0], int) else rank
         return set(range(count))
@@ -209,8 +209,8 @@ class AxisMapper:
         in_rank = self.shapes.rank(node.inputs[0])
         axes = node.attr("axes")
         if axes is None and len(node.inputs) > 1 and node.inputs[1]:
-            value = self.index.constant_value(node.inputs[1])
-            axes = None if value is None else [int(v) for v in value.reshape(-1)]
+            value = self.index.constant_ints(node.inputs[1])
+            axes = None if value is None else list(value)
         if in_rank is None or axes is None:
             return None
         reduced = {a % in_rank for a in axes}

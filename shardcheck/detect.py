@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from shardcheck.graph import GraphIndex, Node
 from shardcheck.patterns.polygraphy import match_all
 from shardcheck.shapes import ShapeInference
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SCORE_SIDE_OPS = frozenset(
     "Div Mul Add Sub Where Cast Reshape Identity Clip Tanh Max Min Squeeze Unsqueeze".split()
@@ -219,13 +221,13 @@ def _mask_operands(index: GraphIndex, score: Node, score_path: list[Node]) -> tu
         elif node.op_type == "Where":
             masks.append(node.inputs[0])
     # Scalars on the path are scales and fill values, not masks.
-    kept = (m for m in masks if index.constant_value(m) is None or _is_mask_like(index, m))
+    kept = (m for m in masks if not _is_scalar_or_vector_constant(index, m))
     return tuple(dict.fromkeys(kept))
 
 
-def _is_mask_like(index: GraphIndex, tensor: str) -> bool:
-    value = index.constant_value(tensor)
-    return value is not None and value.ndim >= 2
+def _is_scalar_or_vector_constant(index: GraphIndex, tensor: str) -> bool:
+    ndim = index.constant_ndim(tensor)
+    return ndim is not None and ndim < 2
 
 
 def _kv_source(index: GraphIndex, tensor: str) -> str:
@@ -248,7 +250,7 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
             if tensor in seen:
                 continue
             seen.add(tensor)
-            if index.constant_rank(tensor, default=2) >= 2:  # no numpy for scalars and vectors
+            if _may_be_triangular_constant(index, tensor):
                 value = index.constant_value(tensor)
                 if value is not None and _is_triangular(value):
                     return f"constant triangular mask {tensor}"
@@ -284,9 +286,26 @@ def reaches_range(
     return False
 
 
-def _is_triangular(value: np.ndarray) -> bool:
-    if value.ndim < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
+def _could_be_triangular(dims: tuple[int, ...]) -> bool:
+    return len(dims) >= 2 and dims[-1] == dims[-2] and dims[-1] >= 2
+
+
+def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
+    """Whether ``tensor`` is a constant that ``_is_triangular`` could accept, told from its
+    dims and first row alone (that row is zero after its first value), so that the data of
+    the other constants met on the way (weights) is never read."""
+    dims = index.constant_dims(tensor)
+    if dims is None or not _could_be_triangular(dims):
         return False
+    head = index.constant_head(tensor, dims[-1])
+    return head is None or all(v == 0 for v in head[1:])
+
+
+def _is_triangular(value: np.ndarray) -> bool:
+    if not _could_be_triangular(value.shape):
+        return False
+    import numpy as np
+
     square = value.reshape(-1, value.shape[-2], value.shape[-1])[0]
     upper = np.triu(square, 1)
     lower = np.tril(square)

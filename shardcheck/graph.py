@@ -7,17 +7,22 @@ except for small constants that a pattern asks for by value.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
+import struct
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
+from shardcheck import protos
+from shardcheck.protos import full_onnx
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -27,28 +32,52 @@ Shape = tuple[Dim, ...]
 # A constant whose value a pattern asks for is read only when it is this small.
 SMALL_CONSTANT_ELEMENTS = 4096
 
-# Element types whose raw_data numpy reads as is (little-endian hosts); others go through
-# onnx.numpy_helper.to_array, which gives the same arrays more slowly.
-_RAW_DTYPES: dict[int, np.dtype[Any]] = {
-    onnx.TensorProto.FLOAT: np.dtype(np.float32),
-    onnx.TensorProto.DOUBLE: np.dtype(np.float64),
-    onnx.TensorProto.FLOAT16: np.dtype(np.float16),
-    onnx.TensorProto.INT64: np.dtype(np.int64),
-    onnx.TensorProto.INT32: np.dtype(np.int32),
-    onnx.TensorProto.INT16: np.dtype(np.int16),
-    onnx.TensorProto.INT8: np.dtype(np.int8),
-    onnx.TensorProto.UINT64: np.dtype(np.uint64),
-    onnx.TensorProto.UINT32: np.dtype(np.uint32),
-    onnx.TensorProto.UINT16: np.dtype(np.uint16),
-    onnx.TensorProto.UINT8: np.dtype(np.uint8),
-    onnx.TensorProto.BOOL: np.dtype(np.bool_),
-}
 _SIMPLE_ATTRIBUTES = {
-    onnx.AttributeProto.INT: "i",
-    onnx.AttributeProto.FLOAT: "f",
-    onnx.AttributeProto.STRING: "s",
-    onnx.AttributeProto.TENSOR: "t",
+    protos.AttributeProto.INT: "i",
+    protos.AttributeProto.FLOAT: "f",
+    protos.AttributeProto.STRING: "s",
+    protos.AttributeProto.TENSOR: "t",
 }
+_EXTERNAL = protos.TensorProto.EXTERNAL
+_STRUCT_CODES = {
+    protos.TensorProto.FLOAT: "f",
+    protos.TensorProto.DOUBLE: "d",
+    protos.TensorProto.FLOAT16: "e",
+    protos.TensorProto.INT64: "q",
+    protos.TensorProto.INT32: "i",
+    protos.TensorProto.INT16: "h",
+    protos.TensorProto.INT8: "b",
+    protos.TensorProto.UINT64: "Q",
+    protos.TensorProto.UINT32: "I",
+    protos.TensorProto.UINT16: "H",
+    protos.TensorProto.UINT8: "B",
+    protos.TensorProto.BOOL: "?",
+}
+_INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
+
+
+@functools.cache
+def _raw_dtypes() -> dict[int, np.dtype[Any]]:
+    """Element types whose raw_data numpy reads as is (little-endian hosts); others go through
+    onnx.numpy_helper.to_array, which gives the same arrays more slowly. numpy is imported
+    here, when a constant's value is first read: most graphs never need one."""
+    import numpy as np
+
+    tensor = protos.TensorProto
+    return {
+        tensor.FLOAT: np.dtype(np.float32),
+        tensor.DOUBLE: np.dtype(np.float64),
+        tensor.FLOAT16: np.dtype(np.float16),
+        tensor.INT64: np.dtype(np.int64),
+        tensor.INT32: np.dtype(np.int32),
+        tensor.INT16: np.dtype(np.int16),
+        tensor.INT8: np.dtype(np.int8),
+        tensor.UINT64: np.dtype(np.uint64),
+        tensor.UINT32: np.dtype(np.uint32),
+        tensor.UINT16: np.dtype(np.uint16),
+        tensor.UINT8: np.dtype(np.uint8),
+        tensor.BOOL: np.dtype(np.bool_),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +119,12 @@ def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     """``onnx.helper.get_attribute_value``, with a short way for the common kinds."""
     kind = attribute.type
     if not attribute.ref_attr_name:
-        if kind == onnx.AttributeProto.INTS:
+        if kind == protos.AttributeProto.INTS:
             return attribute.ints[:]
         field_name = _SIMPLE_ATTRIBUTES.get(kind)
         if field_name is not None:
             return getattr(attribute, field_name)
-    return onnx.helper.get_attribute_value(attribute)
+    return full_onnx().helper.get_attribute_value(attribute)
 
 
 @contextmanager
@@ -265,44 +294,112 @@ class GraphIndex:
 
     # ------------------------------------------------------------------ constants
 
-    def constant_rank(self, tensor: str, default: int) -> int:
-        """The rank of an initializer or a Constant node's ``value`` tensor, read from its dims
-        without its data; ``default`` for anything else."""
+    def constant_dims(self, tensor: str) -> tuple[int, ...] | None:
+        """The dims of an initializer or a Constant node's ``value`` tensor, read without its
+        data; None for anything else."""
         proto: onnx.TensorProto | None = self.initializers.get(tensor)
         if proto is None:
             node = self.producer_of(tensor)
             if node is None or node.op_type != "Constant":
-                return default
+                return None
             proto = node.value_tensor()
             if proto is None:
-                return default
-        return len(proto.dims)
+                return None
+        return tuple(proto.dims)
+
+    def constant_head(self, tensor: str, count: int) -> tuple[Any, ...] | None:
+        """The first ``count`` values of an initializer or a Constant node's ``value`` tensor
+        stored as raw_data, read without numpy (nor the rest of the data); None otherwise."""
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is None:
+            node = self.producer_of(tensor)
+            proto = None if node is None or node.op_type != "Constant" else node.value_tensor()
+        return None if proto is None else _raw_values(proto, count)
 
     def constant_value(self, tensor: str) -> np.ndarray | None:
         """The value of a small constant (initializer or Constant node), or None."""
         if tensor in self._constant_cache:
             return self._constant_cache[tensor]
-        value = self._read_constant(tensor)
+        source = self._constant_source(tensor)
+        value = None
+        if isinstance(source, protos.TensorProto):
+            value = _tensor_value(source)
+        elif source is not None:
+            import numpy as np
+
+            value = np.array(full_onnx().helper.get_attribute_value(source))
         self._constant_cache[tensor] = value
         return value
 
-    def _read_constant(self, tensor: str) -> np.ndarray | None:
-        proto: onnx.TensorProto | None = self.initializers.get(tensor)
-        if proto is None:
-            node = self.producer_of(tensor)
-            if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+    def constant_ndim(self, tensor: str) -> int | None:
+        """``constant_value(tensor).ndim``, or None where that is None, without reading data."""
+        source = self._constant_source(tensor)
+        if source is None:
+            return None
+        if isinstance(source, protos.TensorProto):
+            return len(source.dims)
+        return 1 if source.name in ("value_floats", "value_ints") else 0
+
+    def constant_ints(self, tensor: str) -> tuple[int, ...] | None:
+        """The elements of an integer ``constant_value(tensor)``, flattened (None for other
+        element types); stored as raw_data (the usual axes, repeats and indices), they are
+        read without numpy."""
+        source = self._constant_source(tensor)
+        if source is None:
+            return None
+        if isinstance(source, protos.TensorProto):
+            if source.data_type not in _INTEGER_TYPES:
                 return None
-            return _constant_node_value(node)
-        if proto.data_location == onnx.TensorProto.EXTERNAL:
+            values = _raw_values(source, math.prod(source.dims))
+            if values is not None:
+                return values
+        elif source.name not in ("value_int", "value_ints"):
             return None
-        if math.prod(proto.dims) > SMALL_CONSTANT_ELEMENTS:
+        value = self.constant_value(tensor)
+        return None if value is None else tuple(int(v) for v in value.reshape(-1))
+
+    def _constant_source(self, tensor: str) -> onnx.TensorProto | onnx.AttributeProto | None:
+        """Where a small constant's value is stored: an inline tensor (an initializer of at most
+        SMALL_CONSTANT_ELEMENTS, or a Constant node's ``value``), or a Constant node's
+        ``value_float(s)``/``value_int(s)`` attribute; None for anything else."""
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is not None:
+            if proto.data_location == _EXTERNAL:
+                return None
+            return None if math.prod(proto.dims) > SMALL_CONSTANT_ELEMENTS else proto
+        node = self.producer_of(tensor)
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
             return None
-        return _tensor_value(proto)
+        for attribute in node.proto.attribute:
+            if attribute.name == "value":
+                return None if attribute.t.data_location == _EXTERNAL else attribute.t
+            if attribute.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                return attribute
+        return None
+
+
+def _raw_values(tensor: onnx.TensorProto, count: int) -> tuple[Any, ...] | None:
+    """The first ``count`` values of a tensor stored as little-endian raw_data, read with
+    struct; None when it is stored otherwise (or holds fewer)."""
+    code = _STRUCT_CODES.get(tensor.data_type)
+    if (
+        code is None
+        or not _LITTLE_ENDIAN
+        or tensor.data_location == _EXTERNAL
+        or not tensor.HasField("raw_data")
+    ):
+        return None
+    raw = tensor.raw_data
+    if len(raw) < count * struct.calcsize(code):
+        return None
+    return struct.unpack_from(f"<{count}{code}", raw)
 
 
 def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
     """``numpy_helper.to_array`` of an inline tensor, reading raw_data directly when it can."""
-    dtype = _RAW_DTYPES.get(tensor.data_type)
+    import numpy as np
+
+    dtype = _raw_dtypes().get(tensor.data_type)
     if (
         dtype is not None
         and _LITTLE_ENDIAN
@@ -310,20 +407,7 @@ def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
         and not tensor.HasField("segment")
     ):
         return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
-    return numpy_helper.to_array(tensor)
-
-
-def _constant_node_value(node: Node) -> np.ndarray | None:
-    for attribute in node.proto.attribute:
-        if attribute.name == "value":
-            if attribute.t.data_location == onnx.TensorProto.EXTERNAL:
-                return None
-            return _tensor_value(attribute.t)
-        if attribute.name in ("value_float", "value_int"):
-            return np.array(onnx.helper.get_attribute_value(attribute))
-        if attribute.name in ("value_floats", "value_ints"):
-            return np.array(onnx.helper.get_attribute_value(attribute))
-    return None
+    return full_onnx().numpy_helper.to_array(tensor)
 
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
@@ -337,6 +421,6 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
         if attribute.HasField("t")
     )
     for tensor in tensors:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if tensor.data_location == _EXTERNAL:
             locations.update(e.value for e in tensor.external_data if e.key == "location")
     return locations

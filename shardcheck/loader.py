@@ -14,18 +14,22 @@ checked here instead (see ``_check_external_tensor``).
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
-from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
-from onnx import serialization
 
+from shardcheck import protos
 from shardcheck.errors import InputError, ModelError
 from shardcheck.graph import GraphIndex
+from shardcheck.protos import full_onnx
+
+if TYPE_CHECKING:
+    import onnx
 
 _MISSING_SHAPE = "Field 'shape' of 'type' is required but missing"
 _PROTOBUF = "protobuf"
@@ -39,12 +43,12 @@ _VALUE_FIELDS = (
     "double_data",
     "uint64_data",
 )
-_TENSOR = onnx.AttributeProto.TENSOR
-_TENSORS = onnx.AttributeProto.TENSORS
-_GRAPH = onnx.AttributeProto.GRAPH
-_GRAPHS = onnx.AttributeProto.GRAPHS
+_TENSOR = protos.AttributeProto.TENSOR
+_TENSORS = protos.AttributeProto.TENSORS
+_GRAPH = protos.AttributeProto.GRAPH
+_GRAPHS = protos.AttributeProto.GRAPHS
 _NESTED = frozenset((_TENSORS, _GRAPH, _GRAPHS))
-_EXTERNAL = onnx.TensorProto.EXTERNAL
+_EXTERNAL = protos.TensorProto.EXTERNAL
 
 
 def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -60,10 +64,11 @@ def with_external_weights(index: GraphIndex, path: str | os.PathLike[str]) -> on
     this."""
     if not index.external_locations():
         return index.model
+    onnx = full_onnx()
     from onnx.external_data_helper import load_external_data_for_model
 
     file = Path(path)
-    model = onnx.ModelProto()
+    model = protos.ModelProto()
     model.CopyFrom(index.model)
     try:
         load_external_data_for_model(model, str(file.resolve().parent))
@@ -89,14 +94,26 @@ class ParsedModel:
     """
 
     def __init__(
-        self, model: onnx.ModelProto, source: str, checker_input: bytes | None, scan: _Scan
+        self,
+        model: onnx.ModelProto,
+        source: str,
+        checker_input: bytes | mmap.mmap | None,
+        scan: _Scan,
     ) -> None:
         self.model = model
         self.source = source
-        # The file's bytes, when they are the model's protobuf with every weight inside.
-        self.serialized = checker_input
+        self._content = checker_input
         self._scan = scan
         self._checked = False
+
+    @property
+    def serialized(self) -> bytes | None:
+        """The file's bytes, when they are the model's protobuf with every weight inside (for
+        the checker and onnxruntime, which take bytes); read from the mapped file when first
+        asked for."""
+        if isinstance(self._content, mmap.mmap):
+            self._content = bytes(self._content)
+        return self._content
 
     def external_locations(self) -> set[str]:
         """The files that hold the model's external tensors, as the parse found them."""
@@ -132,26 +149,13 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
         size = file.stat().st_size
         if size == 0:
             raise ModelError(f"{source}: empty file, expected an ONNX model")
-        serialized = file.read_bytes()
-        model_format = _format_of(file)
-        model = serialization.registry.get(model_format).deserialize_proto(
-            serialized, onnx.ModelProto()
-        )
+        content = _read(file)
+        model_format, model = _deserialize(file, content)
     except ModelError:
         raise
     except PermissionError:
         raise ModelError(f"{source}: permission denied") from None
-    except (
-        DecodeError,
-        # A file named *.json, *.textproto or *.onnxtxt is read in that text format, as
-        # onnx.load does; hints.json given as the model lands here.
-        json_format.ParseError,
-        text_format.ParseError,
-        onnx.parser.ParseError,
-        ValueError,
-        RuntimeError,
-        OSError,
-    ) as exc:
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         detail = detail if len(detail) <= 200 else detail[:197] + "..."
         raise ModelError(
@@ -161,13 +165,49 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
         raise ModelError(f"{source}: not an ONNX model (the protobuf has no graph or IR version)")
     scan = _scan(model)
     _check_external_tensors(scan.external, file)
-    checker_input = serialized if model_format == _PROTOBUF and not scan.external else None
+    checker_input = content if model_format == _PROTOBUF and not scan.external else None
     return ParsedModel(model, source, checker_input, scan)
 
 
-def _format_of(file: Path) -> str:
-    """The serialization format ``onnx.load`` would use for this file (by its extension)."""
-    return serialization.registry.get_format_from_file_extension(file.suffix) or _PROTOBUF
+def _read(file: Path) -> bytes | mmap.mmap:
+    """The file's content; a ``.onnx`` file is mapped rather than read: parsing it from the
+    mapping spares a copy of the whole file in memory, and the time to make one."""
+    if file.suffix == ".onnx":
+        with file.open("rb") as handle:
+            try:
+                return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):  # a file that cannot be mapped is read
+                pass
+    return file.read_bytes()
+
+
+def _deserialize(file: Path, content: bytes | mmap.mmap) -> tuple[str, onnx.ModelProto]:
+    """The model, read as ``onnx.load`` reads it: in the format its extension names."""
+    if file.suffix == ".onnx":  # the usual case: protobuf, without importing the onnx package
+        model = protos.ModelProto()
+        with memoryview(content) as view:
+            # The message copies what it keeps: the mapping can be closed afterwards.
+            decoded = model.ParseFromString(view)
+        if decoded is not None and decoded != len(content):
+            raise DecodeError(f"consumed {decoded} of {len(content)} bytes")
+        return _PROTOBUF, model
+    if isinstance(content, mmap.mmap):
+        content = bytes(content)
+    onnx = full_onnx()
+    from google.protobuf import json_format, text_format
+    from onnx import serialization
+
+    model_format = serialization.registry.get_format_from_file_extension(file.suffix)
+    model_format = model_format or _PROTOBUF
+    try:
+        model = serialization.registry.get(model_format).deserialize_proto(
+            content, protos.ModelProto()
+        )
+    # A file named *.json, *.textproto or *.onnxtxt is read in that text format, as onnx.load
+    # does; hints.json given as the model lands here.
+    except (json_format.ParseError, text_format.ParseError, onnx.parser.ParseError) as exc:
+        raise ValueError(str(exc) or type(exc).__name__) from None
+    return model_format, model
 
 
 @dataclass(frozen=True)
@@ -279,7 +319,7 @@ def _attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorPr
 
 def _copy_for_checker(model: onnx.ModelProto, scan: _Scan | None) -> onnx.ModelProto:
     """A copy in which every external tensor is an empty tensor of the same name and type."""
-    copy = onnx.ModelProto()
+    copy = protos.ModelProto()
     copy.CopyFrom(model)
     if scan is None or not scan.external:
         return copy
@@ -308,6 +348,7 @@ def _check_model(
         checked: onnx.ModelProto | bytes = _copy_for_checker(model, scan)
     else:
         checked = serialized if serialized is not None else model
+    onnx = full_onnx()
     try:
         onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as exc:
@@ -328,6 +369,7 @@ def _passes_with_shapes(model: onnx.ModelProto, scan: _Scan | None) -> bool:
         tensor_type = info.type.tensor_type
         if info.type.HasField("tensor_type") and not tensor_type.HasField("shape"):
             tensor_type.shape.SetInParent()
+    onnx = full_onnx()
     try:
         onnx.checker.check_model(copy)
     except (onnx.checker.ValidationError, ValueError, RuntimeError):

@@ -18,12 +18,15 @@ import struct
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-import onnx
-
+from shardcheck import protos
 from shardcheck.graph import Dim, GraphIndex, Node, Shape
+from shardcheck.protos import full_onnx
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 MAX_VALUE_ELEMENTS = 16
 
@@ -47,16 +50,17 @@ class TensorInfo(NamedTuple):
 _UNKNOWN = TensorInfo()
 # The integer element types, with their struct codes (little-endian raw_data).
 _INTEGER_CODES = {
-    onnx.TensorProto.INT8: "b",
-    onnx.TensorProto.INT16: "h",
-    onnx.TensorProto.INT32: "i",
-    onnx.TensorProto.INT64: "q",
-    onnx.TensorProto.UINT8: "B",
-    onnx.TensorProto.UINT16: "H",
-    onnx.TensorProto.UINT32: "I",
-    onnx.TensorProto.UINT64: "Q",
+    protos.TensorProto.INT8: "b",
+    protos.TensorProto.INT16: "h",
+    protos.TensorProto.INT32: "i",
+    protos.TensorProto.INT64: "q",
+    protos.TensorProto.UINT8: "B",
+    protos.TensorProto.UINT16: "H",
+    protos.TensorProto.UINT32: "I",
+    protos.TensorProto.UINT64: "Q",
 }
 _LITTLE_ENDIAN = sys.byteorder == "little"
+_EXTERNAL = protos.TensorProto.EXTERNAL
 
 
 def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
@@ -149,8 +153,13 @@ class ShapeInference:
         for name in index.graph_inputs:
             self.info[name] = TensorInfo(index.declared_shape(name))
         for name, tensor in index.initializers.items():
-            value = index.constant_value(name) if _is_small(tensor) else None
-            self.info[name] = TensorInfo(tuple(int(d) for d in tensor.dims), _as_value(value))
+            dims = tuple(tensor.dims)
+            value = None
+            if len(dims) <= 1 and _is_small(tensor):
+                value = _raw_ints(tensor, dims)
+                if value is None:
+                    value = _as_value(index.constant_value(name))
+            self.info[name] = TensorInfo(dims, value)
         for node in index.nodes:
             self._infer(node)
 
@@ -211,18 +220,15 @@ class ShapeInference:
         if node.domain not in ("", "ai.onnx"):
             return None
         tensor = node.value_tensor()
-        if tensor is not None and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if tensor is not None and tensor.data_location != _EXTERNAL:
             dims = tuple(tensor.dims)
             code = _INTEGER_CODES.get(tensor.data_type)
             if code is None or len(dims) > 1 or (dims and dims[0] > MAX_VALUE_ELEMENTS):
                 # No shape value to carry: the dims are all there is to read.
                 return [TensorInfo(dims)]
-            raw = tensor.raw_data
-            count = dims[0] if dims else 1
-            if raw and len(raw) == count * struct.calcsize(code) and _LITTLE_ENDIAN:
-                # The usual shape-arithmetic constant (a scalar or a short int64 vector):
-                # read without making a numpy array.
-                return [TensorInfo(dims, struct.unpack(f"<{count}{code}", raw))]
+            values = _raw_ints(tensor, dims)
+            if values is not None:
+                return [TensorInfo(dims, values)]
         value = self.index.constant_value(node.outputs[0])
         if value is None:
             return None
@@ -459,14 +465,27 @@ class ShapeInference:
             dims.append((size + pads[axis] + pads[axis + spatial] - span) // strides[axis] + 1)
         return [TensorInfo(tuple(dims))]
 
+    def _fill_value(self, node: Node) -> list[int] | None:
+        """The value a ConstantOfShape fills with, when it is an integer (0 without one)."""
+        fill = node.attr("value")
+        if fill is None:
+            return [0]
+        if fill.data_type not in _INTEGER_CODES:
+            return None
+        dims = tuple(fill.dims)
+        if len(dims) <= 1 and math.prod(dims) <= MAX_VALUE_ELEMENTS:
+            values = _raw_ints(fill, dims)
+            if values is not None:
+                return list(values)
+        return _ints(full_onnx().numpy_helper.to_array(fill))
+
     def _generator_rule(self, node: Node) -> list[TensorInfo] | None:
         op = node.op_type
         if op == "ConstantOfShape":
             target = self._in(node, 0).value
             if target is None:
                 return None
-            fill = node.attr("value")
-            fill_value = _ints(onnx.numpy_helper.to_array(fill)) if fill is not None else [0]
+            fill_value = self._fill_value(node)
             value = None
             if len(target) == 1 and isinstance(target[0], int) and fill_value:
                 if target[0] <= MAX_VALUE_ELEMENTS:
@@ -556,9 +575,24 @@ _KNOWN_INPUT_RULES: dict[
 
 
 def _is_small(tensor: onnx.TensorProto) -> bool:
-    if tensor.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+    if tensor.data_type not in (protos.TensorProto.INT64, protos.TensorProto.INT32):
         return False
     return math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS
+
+
+def _raw_ints(tensor: onnx.TensorProto, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The values of a short integer vector or scalar stored as raw_data (the usual constant
+    of shape arithmetic), read without numpy; None when it is stored otherwise."""
+    code = _INTEGER_CODES.get(tensor.data_type)
+    if code is None or not _LITTLE_ENDIAN or tensor.data_location == _EXTERNAL:
+        return None
+    count = dims[0] if dims else 1
+    if not tensor.HasField("raw_data"):
+        return None
+    raw = tensor.raw_data
+    if len(raw) != count * struct.calcsize(code):
+        return None
+    return struct.unpack(f"<{count}{code}", raw)
 
 
 def _as_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:

@@ -24,7 +24,7 @@ def test_import_does_not_load_onnxruntime() -> None:
 
 
 def test_every_public_name_has_a_home_module() -> None:
-    assert sorted(shardcheck.__all__) == sorted([*shardcheck._HOME, *shardcheck._EAGER])
+    assert sorted(shardcheck.__all__) == sorted(shardcheck._HOME)
 
 
 def test_gen_does_not_import_onnxruntime_or_deepdiff(tmp_path: Path) -> None:

@@ -1,0 +1,114 @@
+"""gen reads graphs without importing the onnx package or numpy, and without a copy of the file:
+the shortcuts give exactly what the full readers give."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES
+from onnx import helper as oh
+from onnx import numpy_helper
+
+from shardcheck.detect import _is_triangular, _may_be_triangular_constant
+from shardcheck.graph import GraphIndex
+from shardcheck.loader import load_index, parse_model
+
+MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
+
+
+def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
+    # One process for all models: each gen must leave both unimported in the process itself
+    # (the checker's child process imports onnx; that is its own).
+    code = (
+        "import sys; from shardcheck.cli import cli\n"
+        f"for model in {[str(m) for m in MODELS]!r}:\n"
+        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}], "
+        "standalone_mode=False)\n"
+        "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+
+
+def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
+    code = (
+        "import sys; from shardcheck import protos\n"
+        "assert 'onnx' not in sys.modules\n"
+        "onnx = protos.full_onnx()\n"
+        "assert onnx.ModelProto is protos.ModelProto and onnx.TensorProto is protos.TensorProto\n"
+        "assert onnx.onnx_ml_pb2.ModelProto is protos.ModelProto\n"
+        "model = onnx.helper.make_model(onnx.helper.make_graph([], 'g', [], []))\n"
+        "assert isinstance(model, protos.ModelProto)\n"
+        "onnx.checker.check_model(model)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_mapped_file_parses_to_what_onnx_load_reads(model: Path) -> None:
+    parsed = parse_model(model)
+    assert parsed.model == onnx.load(model)
+    assert parsed.serialized == model.read_bytes()
+
+
+def test_constants_read_without_numpy_agree_with_their_arrays() -> None:
+    integers = 0
+    for model in MODELS:
+        index = load_index(model)
+        constants = [*index.initializers]
+        constants += [node.outputs[0] for node in index.nodes if node.op_type == "Constant"]
+        for name in constants:
+            value = index.constant_value(name)
+            where = f"{model.name}: {name}"
+            assert index.constant_ndim(name) == (None if value is None else value.ndim), where
+            ints = index.constant_ints(name)
+            if value is None or value.dtype.kind not in "iu":
+                assert ints is None, where
+            else:
+                assert ints == tuple(int(v) for v in value.reshape(-1)), where
+                integers += 1
+            head = index.constant_head(name, 1)
+            if head is not None and value is not None and value.size:
+                assert head[0] == value.reshape(-1)[0], where
+    assert integers > 100  # the exports' shape arithmetic is full of them
+
+
+def _square(name: str, matrix: np.ndarray, *, raw: bool = True) -> GraphIndex:
+    tensor = (
+        numpy_helper.from_array(matrix, name)
+        if raw
+        else oh.make_tensor(name, onnx.TensorProto.FLOAT, matrix.shape, matrix.reshape(-1))
+    )
+    graph = oh.make_graph([], "g", [], [oh.make_tensor_value_info(name, 1, matrix.shape)], [tensor])
+    return GraphIndex(oh.make_model(graph))
+
+
+def test_the_triangular_precheck_never_rules_out_what_the_full_check_accepts() -> None:
+    rng = np.random.default_rng(20261130)
+    for size in (2, 3, 5, 8):
+        for matrix in (
+            np.tril(np.ones((size, size), np.float32)),
+            np.tril(rng.integers(1, 3, (size, size))).astype(np.float32),
+            rng.integers(0, 2, (size, size)).astype(np.float32),
+            np.triu(np.ones((size, size), np.float32), 1),
+            rng.standard_normal((size, size)).astype(np.float32),
+        ):
+            for raw in (True, False):
+                index = _square("m", matrix, raw=raw)
+                if _is_triangular(matrix):
+                    assert _may_be_triangular_constant(index, "m"), matrix
+
+
+def test_a_weight_met_on_the_mask_walk_is_ruled_out_from_its_first_row() -> None:
+    weight = np.random.default_rng(7).standard_normal((64, 64)).astype(np.float32)
+    index = _square("w", weight)
+    assert not _may_be_triangular_constant(index, "w")
+    assert "w" not in index._constant_cache  # its data was never read into an array
