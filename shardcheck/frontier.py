@@ -160,18 +160,17 @@ class _ShapeSources:
         self.derived = derived
         self.memo: dict[str, frozenset[str]] = {}
         self.sizing_memo: dict[tuple[int, int], frozenset[str]] = {}
-        initializers = index.initializers
-        # The nodes with an input computed from some tensor's Shape: only these can be sized
-        # by one. Most nodes have none (their other inputs are weights and constants); every
-        # round skips them at once.
-        self.sizable = {
-            node.index
-            for node in index.nodes
-            if any(
-                name and name not in derived and name not in initializers and self.of(name)
-                for name in node.inputs
-            )
-        }
+        # The nodes with an input computed from some tensor's Shape (one whose ``of`` is not
+        # empty): only these can be sized by one. Most nodes have none (their other inputs are
+        # weights and constants); every round skips them at once. One pass in graph order.
+        from_shapes: set[str] = set()
+        self.sizable: set[int] = set()
+        for node in index.nodes:
+            if node.op_type in SHAPE_OPS:
+                from_shapes.update(name for name in node.outputs if name)
+            elif any(name in from_shapes and name not in derived for name in node.inputs):
+                self.sizable.add(node.index)
+                from_shapes.update(name for name in node.outputs if name)
 
     def of(self, tensor: str) -> frozenset[str]:
         if tensor in self.memo:
@@ -545,6 +544,11 @@ def _walk_forward(
     seen: set[str] = set()
     nodes: set[int] = set()
     graph_outputs = set(index.graph_outputs)
+    consumers = index.consumers
+    all_nodes = index.nodes
+    output_axis = mapper.output_axis
+    # Only a node with an input computed from a Shape can be sized by a whole tensor.
+    sizable = sources.sizable if sources is not None and region is not None else frozenset()
     while queue:
         tensor, axis = queue.popleft()
         if tensor in seen or tensor in barriers:
@@ -553,22 +557,27 @@ def _walk_forward(
         if tensor in graph_outputs:
             outputs[tensor] = axis
         mixing = []
-        for consumer in index.consumers_of(tensor):
+        users = 0
+        for consumer_index in consumers.get(tensor, ()):
+            consumer = all_nodes[consumer_index]
             if consumer.op_type in SHAPE_OPS:
                 continue
-            out_axis = mapper.output_axis(consumer, tensor, axis)
-            if out_axis is not None and sources is not None and region is not None:
-                if _sized_by_whole(consumer, sources, region, seen):
-                    out_axis = None
+            users += 1
+            out_axis = output_axis(consumer, tensor, axis)
+            if (
+                out_axis is not None
+                and consumer_index in sizable
+                and _sized_by_whole(consumer, sources, region, seen)  # type: ignore[arg-type]
+            ):
+                out_axis = None
             if out_axis is None:
                 mixing.append(consumer)
             else:
-                nodes.add(consumer.index)
+                nodes.add(consumer_index)
                 queue.append((consumer.outputs[0], out_axis))
-        users = [c for c in index.consumers_of(tensor) if c.op_type not in SHAPE_OPS]
         if mixing and tensor not in graph_outputs:
             outputs[tensor] = axis
-        if tensor in outputs and len(mixing) != len(users):
+        if tensor in outputs and len(mixing) != users:
             why = "a graph output" if tensor in graph_outputs else f"read by {mixing[0].label}"
             result.warnings.append(
                 f"{tensor} is gathered ({why}) but also feeds position-wise ops, which would "
