@@ -9,7 +9,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from shardcheck.detect import detect_attention
-from shardcheck.frontier import SHAPE_OPS, _SlicedTest, find_frontier
+from shardcheck.frontier import SHAPE_OPS, _ShapeSources, _SlicedTest, data_derived, find_frontier
 from shardcheck.graph import GraphIndex
 from shardcheck.loader import load_index
 from shardcheck.shapes import ShapeInference
@@ -99,3 +99,21 @@ def test_sliced_test_ends_on_a_cycle() -> None:
     index = GraphIndex(oh.make_model(graph))
     assert _SlicedTest(index, {"x": 0})("b") is True
     assert _SlicedTest(index, {"y": 0})("b") is False
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) -> None:
+    index = load_index(REAL / name)
+    derived = data_derived(index)
+    sources = _ShapeSources(index, derived)
+    # The definition, through the memoised source sets of each input.
+    expected = {
+        node.index
+        for node in index.nodes
+        if node.op_type not in SHAPE_OPS
+        and any(
+            input_name and input_name not in derived and sources.of(input_name)
+            for input_name in node.inputs
+        )
+    }
+    assert sources.sizable == expected
