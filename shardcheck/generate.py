@@ -9,7 +9,7 @@ from shardcheck.axes import carries
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import AnalysisError, ModelError
 from shardcheck.frontier import find_frontier
-from shardcheck.graph import GraphIndex, Shape
+from shardcheck.graph import GraphIndex, Shape, gc_paused
 from shardcheck.hints import (
     AttentionLayerHint,
     DistCollective,
@@ -41,9 +41,10 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
     inputs and outputs the layers depend on (``"graph"``). ``compat="polygraphy"`` follows
     Polygraphy 0.53.6's shard-hints instead. The output order is fixed (graph order).
     """
-    if options.compat == "polygraphy":
-        return _generate_polygraphy(index, options)
-    return _generate_detected(index, options)
+    with gc_paused():
+        if options.compat == "polygraphy":
+            return _generate_polygraphy(index, options)
+        return _generate_detected(index, options)
 
 
 def _collectives(options: GenOptions) -> DistCollective:

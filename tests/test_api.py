@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import shardcheck
@@ -36,3 +37,40 @@ def test_gen_does_not_import_onnxruntime_or_deepdiff(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.split() == ["[]"]
+
+
+def test_generate_pauses_the_cyclic_collector_and_restores_its_state() -> None:
+    import gc
+
+    from shardcheck import GenOptions, generate, load_index
+    from shardcheck.generate import _generate_detected
+
+    index = load_index(FIXTURE.parent / "real" / "dynamo_llama_tiny_gqa.onnx")
+    options = GenOptions()
+    collections: list[str] = []
+
+    def count(phase: str, info: object) -> None:
+        if phase == "start":
+            collections.append(phase)
+
+    def collections_during(analysis: Callable[[], object]) -> int:
+        gc.collect()  # the young generation starts empty: a few allocations cannot fill it
+        collections.clear()
+        analysis()
+        return len(collections)
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(50, 10, 10)  # collections far more often than by default
+    gc.callbacks.append(count)
+    try:
+        # The same analysis with the collector running collects many times.
+        assert collections_during(lambda: _generate_detected(index, options)) > 10
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            # At most one: the one the first allocation after the pause sets off.
+            assert collections_during(lambda: generate(index, options)) <= 1
+            assert gc.isenabled() is enabled
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*thresholds)
+        gc.enable()

@@ -6,6 +6,7 @@ line on stderr, ``shardcheck: error: ...``; ``--debug`` shows the traceback as w
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -54,7 +55,16 @@ class ShardcheckGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
             module, attribute = COMMANDS[cmd_name].split(":")
-            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+            # Importing makes long-lived objects only: the cyclic collector would walk them
+            # again and again for nothing.
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                command = getattr(importlib.import_module(module), attribute)
+            finally:
+                if enabled:
+                    gc.enable()
+            self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
     def main(  # type: ignore[override]

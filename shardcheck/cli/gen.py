@@ -12,7 +12,7 @@ from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.generate import generate
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import GraphIndex, gc_paused
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
 from shardcheck.loader import parse_model
@@ -125,15 +125,18 @@ def gen(model: str, output: str, **options: object) -> int:
         raise InputError(f"--{field.replace('_', '-')}: {problem}") from None
     if same_file(output, model):
         raise InputError(f"{output}: is the input model; write the hints elsewhere")
-    parsed = parse_model(model)
-    for location in parsed.external_locations():
-        if same_file(output, Path(model).parent / location):
-            raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
-    with checked_concurrently(parsed):
-        index = GraphIndex(
-            parsed.model, source=model, external_locations=parsed.external_locations()
-        )
-        result = generate(index, gen_options)
+    with gc_paused():
+        parsed = parse_model(model)
+        for location in parsed.external_locations():
+            if same_file(output, Path(model).parent / location):
+                raise InputError(
+                    f"{output}: is a weight file of the model; write the hints elsewhere"
+                )
+        with checked_concurrently(parsed):
+            index = GraphIndex(
+                parsed.model, source=model, external_locations=parsed.external_locations()
+            )
+            result = generate(index, gen_options)
     for warning in result.warnings:
         warning_line(warning)
     write_hints(output, result.hints)
