@@ -14,6 +14,7 @@ from shardcheck.graph import Dim, GraphIndex, Node
 from shardcheck.shapes import ELEMENTWISE, ShapeInference, _product
 
 AxisList = list[tuple[str, int]]
+_UNKNOWN = object()  # not in a memo yet
 
 NORMALISATIONS = frozenset(
     [
@@ -49,9 +50,10 @@ class AxisMapper:
 
     def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         key = (node.index, out_axis)
-        if key not in self._memo:
-            self._memo[key] = self._input_axes(node, out_axis)
-        return self._memo[key]
+        found = self._memo.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._memo[key] = self._input_axes(node, out_axis)
+        return found  # type: ignore[return-value]
 
     def _input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         op = node.op_type
@@ -113,8 +115,9 @@ class AxisMapper:
     def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:
         """The output axis that input ``tensor`` at ``axis`` maps to (first output), if any."""
         key = (node.index, tensor, axis)
-        if key in self._forward_memo:
-            return self._forward_memo[key]
+        found = self._forward_memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
         found = None
         out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
         for out_axis in range(out_rank or 0):

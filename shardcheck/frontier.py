@@ -46,10 +46,12 @@ def data_derived(index: GraphIndex) -> set[str]:
     """Tensors whose values depend on the data of a graph input (not only on its shape)."""
     derived = set(index.graph_inputs)
     for node in index.nodes:
-        if node.op_type in SHAPE_OPS:
+        # "" (an omitted optional input or output) is never kept in the set, so isdisjoint
+        # needs no filter.
+        if node.op_type in SHAPE_OPS or derived.isdisjoint(node.inputs):
             continue
-        if any(name in derived for name in node.inputs if name):
-            derived.update(name for name in node.outputs if name)
+        derived.update(node.outputs)
+        derived.discard("")
     return derived
 
 
@@ -167,10 +169,15 @@ class _ShapeSources:
         self.sizable: set[int] = set()
         for node in index.nodes:
             if node.op_type in SHAPE_OPS:
-                from_shapes.update(name for name in node.outputs if name)
-            elif any(name in from_shapes and name not in derived for name in node.inputs):
+                from_shapes.update(node.outputs)
+            elif not from_shapes.isdisjoint(node.inputs) and any(
+                name in from_shapes and name not in derived for name in node.inputs
+            ):
                 self.sizable.add(node.index)
-                from_shapes.update(name for name in node.outputs if name)
+                from_shapes.update(node.outputs)
+            else:
+                continue
+            from_shapes.discard("")
 
     def of(self, tensor: str) -> frozenset[str]:
         if tensor in self.memo:
@@ -372,8 +379,11 @@ def _walk_back(
     region_nodes: set[int] = set()
     cut: dict[str, int] = {}
     queue = deque(seeds)
+    pop, extend = queue.popleft, queue.extend
+    producers, nodes = index.producer, index.nodes
+    input_axes = mapper.input_axes
     while queue:
-        tensor, axis = queue.popleft()
+        tensor, axis = pop()
         if tensor in region:
             continue
         region[tensor] = axis
@@ -383,24 +393,17 @@ def _walk_back(
             # and masks are seeds of their own.
             region_nodes.update(layer.internal)
             continue
-        producer = index.producer_of(tensor)
-        if (
-            producer is None
-            or producer.op_type == "Constant"
-            or tensor not in derived
-            or tensor in whole
-        ):
+        producer_index = producers.get(tensor)
+        if producer_index is None or tensor not in derived or tensor in whole:
             cut[tensor] = axis
             continue
-        mapped = mapper.input_axes(producer, axis)
-        if mapped is None:
+        producer = nodes[producer_index]
+        mapped = None if producer.op_type == "Constant" else input_axes(producer, axis)
+        if mapped is None or (whole and any(name in whole for name, _ in mapped)):
             cut[tensor] = axis
             continue
-        if any(name in whole for name, _ in mapped):
-            cut[tensor] = axis
-            continue
-        region_nodes.add(producer.index)
-        queue.extend(mapped)
+        region_nodes.add(producer_index)
+        extend(mapped)
     return region, region_nodes, cut
 
 
@@ -438,13 +441,12 @@ def _must_be_whole(
                 seen.add(name)
                 queue.append(name)
     needed |= _region_ancestors(index, off_walk, region)
+    consumers = index.consumers
     for tensor in cut:
-        outside = [
-            c
-            for c in index.consumers_of(tensor)
-            if c.index not in region_nodes and c.op_type not in SHAPE_OPS
-        ]
-        if outside:
+        if any(
+            user not in region_nodes and nodes[user].op_type not in SHAPE_OPS
+            for user in consumers.get(tensor, ())
+        ):
             needed.add(tensor)
     return needed
 
