@@ -28,6 +28,13 @@ REDUCTIONS = frozenset(
     "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare".split()
 )
 FUSED_ATTENTION = frozenset(["Attention", "MultiHeadAttention", "GroupQueryAttention"])
+# The ops whose input axes ``_aligned`` gives (or none at all, as Trilu).
+ALIGNED_OPS = (
+    ELEMENTWISE
+    | NORMALISATIONS
+    | frozenset(["Softmax", "LogSoftmax", "Dropout", "Identity", "Cast", "CastLike"])
+    | frozenset(["Concat", "Expand"])
+)
 
 
 def carries(dim: Dim, seq: Dim) -> bool:
@@ -120,11 +127,21 @@ class AxisMapper:
             return found  # type: ignore[return-value]
         found = None
         out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
-        for out_axis in range(out_rank or 0):
-            mapped = self.input_axes(node, out_axis)
-            if mapped and (tensor, axis) in mapped:
-                found = out_axis
-                break
+        if node.op_type in ALIGNED_OPS:
+            # Their inputs' axes are the output's, aligned from the right: an input axis is in
+            # the map of one output axis only, so that one is the only one to compute.
+            shape = self.shapes.shape(tensor)
+            if shape is not None and out_rank is not None:
+                guess = axis + out_rank - len(shape)
+                mapped = self.input_axes(node, guess) if 0 <= guess < out_rank else None
+                if mapped and (tensor, axis) in mapped:
+                    found = guess
+        else:
+            for out_axis in range(out_rank or 0):
+                mapped = self.input_axes(node, out_axis)
+                if mapped and (tensor, axis) in mapped:
+                    found = out_axis
+                    break
         self._forward_memo[key] = found
         return found
 

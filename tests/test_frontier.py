@@ -8,9 +8,10 @@ from conftest import FIXTURES
 from onnx import TensorProto
 from onnx import helper as oh
 
+from shardcheck.axes import AxisMapper
 from shardcheck.detect import detect_attention
 from shardcheck.frontier import SHAPE_OPS, _ShapeSources, _SlicedTest, data_derived, find_frontier
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import GraphIndex, Node
 from shardcheck.loader import load_index
 from shardcheck.shapes import ShapeInference
 
@@ -117,3 +118,33 @@ def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) 
         )
     }
     assert sources.sizable == expected
+
+
+def _first_output_axis_by_trying_each(
+    mapper: AxisMapper, node: Node, tensor: str, axis: int
+) -> int | None:
+    """output_axis by its definition: the first output axis whose input axes hold the input's."""
+    rank = mapper.shapes.rank(node.outputs[0]) if node.outputs else None
+    for out_axis in range(rank or 0):
+        mapped = mapper.input_axes(node, out_axis)
+        if mapped and (tensor, axis) in mapped:
+            return out_axis
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_output_axis_is_the_first_output_axis_that_maps_back_to_the_input(name: str) -> None:
+    index = load_index(REAL / name)
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    q_shape = shapes.shape(layers[0].q) if layers else None
+    seq = q_shape[layers[0].q_axis] if q_shape and layers[0].q_axis is not None else None
+    mapper = AxisMapper(index, shapes, seq)
+    tried = 0
+    for node in index.nodes:
+        for tensor in dict.fromkeys(t for t in node.inputs if t):
+            for axis in range(shapes.rank(tensor) or 0):
+                expected = _first_output_axis_by_trying_each(mapper, node, tensor, axis)
+                assert mapper.output_axis(node, tensor, axis) == expected, (node.label, axis)
+                tried += expected is not None
+    assert tried > 0
