@@ -9,7 +9,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from shardcheck.axes import AxisMapper
-from shardcheck.detect import detect_attention
+from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.frontier import SHAPE_OPS, _ShapeSources, _SlicedTest, data_derived, find_frontier
 from shardcheck.graph import GraphIndex, Node
 from shardcheck.loader import load_index
@@ -72,11 +72,15 @@ def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> 
     return sliced
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
-def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
+def _analysed(name: str) -> tuple[GraphIndex, ShapeInference, list[AttentionLayer]]:
     index = load_index(REAL / name)
     shapes = ShapeInference(index)
-    layers = detect_attention(index, shapes)
+    return index, shapes, detect_attention(index, shapes)
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
+    index, _, layers = _analysed(name)
     # Cuts of two kinds: where the graph's data enters, and each layer's Q (inside the graph).
     for cut in (set(index.graph_inputs), {layer.q for layer in layers}):
         expected = _sliced_by_following_every_cut_forward(index, cut)
@@ -134,9 +138,7 @@ def _first_output_axis_by_trying_each(
 
 @pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
 def test_output_axis_is_the_first_output_axis_that_maps_back_to_the_input(name: str) -> None:
-    index = load_index(REAL / name)
-    shapes = ShapeInference(index)
-    layers = detect_attention(index, shapes)
+    index, shapes, layers = _analysed(name)
     q_shape = shapes.shape(layers[0].q) if layers else None
     seq = q_shape[layers[0].q_axis] if q_shape and layers[0].q_axis is not None else None
     mapper = AxisMapper(index, shapes, seq)
