@@ -61,6 +61,7 @@ _INTEGER_CODES = {
 }
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _EXTERNAL = protos.TensorProto.EXTERNAL
+_LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
 
 
 def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
@@ -183,7 +184,14 @@ class ShapeInference:
         except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
             results = None
         info_of = self.info
-        for position, output in enumerate(node.outputs):
+        outputs = node.outputs
+        if results and len(outputs) == 1:
+            # The usual node: one output, its shape fully known (nothing declared to add).
+            info = results[0]
+            if info.shape is not None and None not in info.shape and outputs[0]:
+                info_of[outputs[0]] = info
+                return
+        for position, output in enumerate(outputs):
             if not output:
                 continue
             info = results[position] if results and position < len(results) else _UNKNOWN
@@ -226,7 +234,7 @@ class ShapeInference:
             if code is None or len(dims) > 1 or (dims and dims[0] > MAX_VALUE_ELEMENTS):
                 # No shape value to carry: the dims are all there is to read.
                 return [TensorInfo(dims)]
-            values = _raw_ints(tensor, dims)
+            values = _unpack_raw(tensor, code, dims[0] if dims else 1)
             if values is not None:
                 return [TensorInfo(dims, values)]
         value = self.index.constant_value(node.outputs[0])
@@ -584,15 +592,20 @@ def _raw_ints(tensor: onnx.TensorProto, dims: tuple[int, ...]) -> tuple[int, ...
     """The values of a short integer vector or scalar stored as raw_data (the usual constant
     of shape arithmetic), read without numpy; None when it is stored otherwise."""
     code = _INTEGER_CODES.get(tensor.data_type)
-    if code is None or not _LITTLE_ENDIAN or tensor.data_location == _EXTERNAL:
+    if code is None or tensor.data_location == _EXTERNAL:
         return None
-    count = dims[0] if dims else 1
-    if not tensor.HasField("raw_data"):
+    return _unpack_raw(tensor, code, dims[0] if dims else 1)
+
+
+def _unpack_raw(tensor: onnx.TensorProto, code: str, count: int) -> tuple[int, ...] | None:
+    """``count`` integers of struct type ``code`` from an inline tensor's raw_data, or None."""
+    if not _LITTLE_ENDIAN or not tensor.HasField("raw_data"):
         return None
+    layout = _LAYOUTS.get((count, code))
+    if layout is None:
+        layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
     raw = tensor.raw_data
-    if len(raw) != count * struct.calcsize(code):
-        return None
-    return struct.unpack(f"<{count}{code}", raw)
+    return layout.unpack(raw) if len(raw) == layout.size else None
 
 
 def _as_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:
