@@ -124,6 +124,15 @@ class ParsedModel:
             if entry.key == "location"
         }
 
+    def release_file(self) -> None:
+        """Close the mapped file, if any: from now on the checker reads the parsed model. A
+        file truncated while mapped would kill the process that reads the mapping (SIGBUS);
+        once the model is parsed, only a child process still reads it (see concurrent_check).
+        """
+        if isinstance(self._content, mmap.mmap):
+            self._content.close()
+            self._content = None
+
     def mark_checked(self) -> None:
         """The checks of ``check`` passed elsewhere (in a child process)."""
         self._checked = True

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ import pytest
 from conftest import FIXTURES, run_cli
 
 from shardcheck import concurrent_check
+from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import ModelError
-from shardcheck.loader import load_index
+from shardcheck.loader import load_index, parse_model
 
 MODEL = FIXTURES / "attention_head.onnx"
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -122,3 +124,29 @@ def test_a_child_that_dies_is_replaced_by_a_check_in_the_process(
     assert (tmp_path / "hints.json").exists() == valid
     pids = _pids(record)
     assert len(pids) == 2 and pids[0] != parent and pids[1] == parent
+
+
+@pytest.fixture
+def quiet_fault_handler() -> Iterator[None]:
+    """A child process dies on purpose in the test: pytest's fault handler need not report it."""
+    enabled = faulthandler.is_enabled()
+    faulthandler.disable()
+    yield
+    if enabled:
+        faulthandler.enable()
+
+
+@pytest.mark.usefixtures("quiet_fault_handler")
+def test_a_model_file_truncated_after_the_parse_is_still_checked(tmp_path: Path) -> None:
+    model = tmp_path / "model.onnx"
+    model.write_bytes(MODEL.read_bytes())
+    parsed = parse_model(model)
+    with checked_concurrently(parsed):
+        # Rewritten in place (as onnx.save does) while gen analyses: the child process, which
+        # reads the mapped file, dies of it; the check is made again here, on the parsed model.
+        model.write_bytes(b"")
+    assert parsed._checked
+    invalid = _invalid_model(tmp_path)
+    parsed = parse_model(invalid)
+    with pytest.raises(ModelError, match=r"fails onnx\.checker"), checked_concurrently(parsed):
+        invalid.write_bytes(b"")
