@@ -146,8 +146,12 @@ class ParsedModel:
         self._checked = True
 
 
-def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
-    """Read and parse an ONNX file as ``read_model`` does, but for ``ParsedModel.check``."""
+def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> ParsedModel:
+    """Read and parse an ONNX file as ``read_model`` does, but for ``ParsedModel.check``.
+
+    ``keep_bytes``: the caller needs the file's bytes (verify hands them to onnxruntime), so
+    the file is read into memory rather than mapped.
+    """
     file = Path(path)
     source = str(path)
     if not file.exists():
@@ -158,7 +162,7 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
         size = file.stat().st_size
         if size == 0:
             raise ModelError(f"{source}: empty file, expected an ONNX model")
-        content = _read(file)
+        content = file.read_bytes() if keep_bytes else _read(file)
         model_format, model = _deserialize(file, content)
     except ModelError:
         raise

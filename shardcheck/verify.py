@@ -82,7 +82,7 @@ def verify(
                 f"--ranks {ranks}: every sequence length must divide by the number of ranks "
                 f"({', '.join(map(str, bad or seq_lens))} does not); choose --seq-lens accordingly"
             )
-    parsed = parse_model(model_path)
+    parsed = parse_model(model_path, keep_bytes=True)
     hints_source = "<hints>" if isinstance(hints, ShardHints) else str(hints)
     hints = hints if isinstance(hints, ShardHints) else read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)

@@ -74,3 +74,15 @@ def test_generate_pauses_the_cyclic_collector_and_restores_its_state() -> None:
         gc.callbacks.remove(count)
         gc.set_threshold(*thresholds)
         gc.enable()
+
+
+def test_a_function_named_like_its_module_stays_the_function_after_the_module_is_imported() -> None:
+    code = (
+        "import types, shardcheck.simulate, shardcheck.verify, shardcheck.generate\n"
+        "import shardcheck\n"
+        "names = ('generate', 'simulate', 'verify')\n"
+        "print(all(callable(getattr(shardcheck, n)) and not isinstance(getattr(shardcheck, n), "
+        "types.ModuleType) for n in names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["True"]
