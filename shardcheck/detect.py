@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardcheck.graph import GraphIndex, Node
+from shardcheck.graph import GraphIndex, Node, raw_values
 from shardcheck.patterns.polygraphy import match_all
 from shardcheck.shapes import ShapeInference
 
@@ -294,10 +294,10 @@ def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
     """Whether ``tensor`` is a constant that ``_is_triangular`` could accept, told from its
     dims and first row alone (that row is zero after its first value), so that the data of
     the other constants met on the way (weights) is never read."""
-    dims = index.constant_dims(tensor)
-    if dims is None or not _could_be_triangular(dims):
+    proto = index.constant_tensor(tensor)
+    if proto is None or not _could_be_triangular(dims := tuple(proto.dims)):
         return False
-    head = index.constant_head(tensor, dims[-1])
+    head = raw_values(proto, dims[-1])
     return head is None or all(v == 0 for v in head[1:])
 
 

@@ -53,7 +53,8 @@ _STRUCT_CODES = {
     protos.TensorProto.UINT8: "B",
     protos.TensorProto.BOOL: "?",
 }
-_INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
+_LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
+INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
 
 
 @functools.cache
@@ -295,27 +296,15 @@ class GraphIndex:
 
     # ------------------------------------------------------------------ constants
 
-    def constant_dims(self, tensor: str) -> tuple[int, ...] | None:
-        """The dims of an initializer or a Constant node's ``value`` tensor, read without its
-        data; None for anything else."""
+    def constant_tensor(self, tensor: str) -> onnx.TensorProto | None:
+        """An initializer, or a Constant node's ``value`` tensor, as a proto (its data is not
+        read); None for anything else."""
         proto: onnx.TensorProto | None = self.initializers.get(tensor)
         if proto is None:
             node = self.producer_of(tensor)
-            if node is None or node.op_type != "Constant":
-                return None
-            proto = node.value_tensor()
-            if proto is None:
-                return None
-        return tuple(proto.dims)
-
-    def constant_head(self, tensor: str, count: int) -> tuple[Any, ...] | None:
-        """The first ``count`` values of an initializer or a Constant node's ``value`` tensor
-        stored as raw_data, read without numpy (nor the rest of the data); None otherwise."""
-        proto: onnx.TensorProto | None = self.initializers.get(tensor)
-        if proto is None:
-            node = self.producer_of(tensor)
-            proto = None if node is None or node.op_type != "Constant" else node.value_tensor()
-        return None if proto is None else _raw_values(proto, count)
+            if node is not None and node.op_type == "Constant":
+                proto = node.value_tensor()
+        return proto
 
     def constant_value(self, tensor: str) -> np.ndarray | None:
         """The value of a small constant (initializer or Constant node), or None."""
@@ -349,9 +338,9 @@ class GraphIndex:
         if source is None:
             return None
         if isinstance(source, protos.TensorProto):
-            if source.data_type not in _INTEGER_TYPES:
+            if source.data_type not in INTEGER_TYPES:
                 return None
-            values = _raw_values(source, math.prod(source.dims))
+            values = raw_values(source, math.prod(source.dims), whole=True)
             if values is not None:
                 return values
         elif source.name not in ("value_int", "value_ints"):
@@ -379,9 +368,12 @@ class GraphIndex:
         return None
 
 
-def _raw_values(tensor: onnx.TensorProto, count: int) -> tuple[Any, ...] | None:
-    """The first ``count`` values of a tensor stored as little-endian raw_data, read with
-    struct; None when it is stored otherwise (or holds fewer)."""
+def raw_values(
+    tensor: onnx.TensorProto, count: int, *, whole: bool = False
+) -> tuple[Any, ...] | None:
+    """The first ``count`` values of an inline tensor stored as little-endian raw_data, read
+    with struct (no numpy, nor the rest of the data); with ``whole``, only when the tensor
+    holds exactly ``count``. None when it is stored otherwise."""
     code = _STRUCT_CODES.get(tensor.data_type)
     if (
         code is None
@@ -390,10 +382,13 @@ def _raw_values(tensor: onnx.TensorProto, count: int) -> tuple[Any, ...] | None:
         or not tensor.HasField("raw_data")
     ):
         return None
+    layout = _LAYOUTS.get((count, code))
+    if layout is None:
+        layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
     raw = tensor.raw_data
-    if len(raw) < count * struct.calcsize(code):
+    if len(raw) < layout.size or (whole and len(raw) != layout.size):
         return None
-    return struct.unpack_from(f"<{count}{code}", raw)
+    return layout.unpack_from(raw)
 
 
 def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:

@@ -14,14 +14,12 @@ less.
 from __future__ import annotations
 
 import math
-import struct
-import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from shardcheck import protos
-from shardcheck.graph import Dim, GraphIndex, Node, Shape
+from shardcheck.graph import INTEGER_TYPES, Dim, GraphIndex, Node, Shape, raw_values
 from shardcheck.protos import full_onnx
 
 if TYPE_CHECKING:
@@ -48,20 +46,7 @@ class TensorInfo(NamedTuple):
 
 
 _UNKNOWN = TensorInfo()
-# The integer element types, with their struct codes (little-endian raw_data).
-_INTEGER_CODES = {
-    protos.TensorProto.INT8: "b",
-    protos.TensorProto.INT16: "h",
-    protos.TensorProto.INT32: "i",
-    protos.TensorProto.INT64: "q",
-    protos.TensorProto.UINT8: "B",
-    protos.TensorProto.UINT16: "H",
-    protos.TensorProto.UINT32: "I",
-    protos.TensorProto.UINT64: "Q",
-}
-_LITTLE_ENDIAN = sys.byteorder == "little"
 _EXTERNAL = protos.TensorProto.EXTERNAL
-_LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
 
 
 def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
@@ -230,11 +215,14 @@ class ShapeInference:
         tensor = node.value_tensor()
         if tensor is not None and tensor.data_location != _EXTERNAL:
             dims = tuple(tensor.dims)
-            code = _INTEGER_CODES.get(tensor.data_type)
-            if code is None or len(dims) > 1 or (dims and dims[0] > MAX_VALUE_ELEMENTS):
+            if (
+                tensor.data_type not in INTEGER_TYPES
+                or len(dims) > 1
+                or (dims and dims[0] > MAX_VALUE_ELEMENTS)
+            ):
                 # No shape value to carry: the dims are all there is to read.
                 return [TensorInfo(dims)]
-            values = _unpack_raw(tensor, code, dims[0] if dims else 1)
+            values = raw_values(tensor, dims[0] if dims else 1, whole=True)
             if values is not None:
                 return [TensorInfo(dims, values)]
         value = self.index.constant_value(node.outputs[0])
@@ -478,7 +466,7 @@ class ShapeInference:
         fill = node.attr("value")
         if fill is None:
             return [0]
-        if fill.data_type not in _INTEGER_CODES:
+        if fill.data_type not in INTEGER_TYPES:
             return None
         dims = tuple(fill.dims)
         if len(dims) <= 1 and math.prod(dims) <= MAX_VALUE_ELEMENTS:
@@ -591,21 +579,9 @@ def _is_small(tensor: onnx.TensorProto) -> bool:
 def _raw_ints(tensor: onnx.TensorProto, dims: tuple[int, ...]) -> tuple[int, ...] | None:
     """The values of a short integer vector or scalar stored as raw_data (the usual constant
     of shape arithmetic), read without numpy; None when it is stored otherwise."""
-    code = _INTEGER_CODES.get(tensor.data_type)
-    if code is None or tensor.data_location == _EXTERNAL:
+    if tensor.data_type not in INTEGER_TYPES:
         return None
-    return _unpack_raw(tensor, code, dims[0] if dims else 1)
-
-
-def _unpack_raw(tensor: onnx.TensorProto, code: str, count: int) -> tuple[int, ...] | None:
-    """``count`` integers of struct type ``code`` from an inline tensor's raw_data, or None."""
-    if not _LITTLE_ENDIAN or not tensor.HasField("raw_data"):
-        return None
-    layout = _LAYOUTS.get((count, code))
-    if layout is None:
-        layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
-    raw = tensor.raw_data
-    return layout.unpack(raw) if len(raw) == layout.size else None
+    return raw_values(tensor, dims[0] if dims else 1, whole=True)
 
 
 def _as_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:
