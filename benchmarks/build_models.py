@@ -402,6 +402,13 @@ def _write_manifest(out: Path, manifest: dict[str, dict[str, object]]) -> None:
     tmp.replace(_manifest_path(out))
 
 
+def _record(out: Path, name: str, params: dict[str, object], built: BuiltModel) -> None:
+    """Add a model just built to the manifest (read again: another build may have written)."""
+    manifest = _read_manifest(out)
+    manifest[name] = {"params": params, "model": built.to_json()}
+    _write_manifest(out, manifest)
+
+
 def _cached(
     manifest: dict[str, dict[str, object]], name: str, params: dict[str, object]
 ) -> BuiltModel | None:
@@ -442,9 +449,7 @@ def ensure_encoder(out: Path, config: EncoderConfig, *, force: bool = False) -> 
         nodes=len(model.graph.node),
         file_bytes=path.stat().st_size,
     )
-    manifest = _read_manifest(out)
-    manifest[name] = {"params": params, "model": built.to_json()}
-    _write_manifest(out, manifest)
+    _record(out, name, params, built)
     _log(f"built {path} ({built.nodes} nodes) in {time.perf_counter() - started:.1f} s")
     return built
 
@@ -491,9 +496,7 @@ def ensure_big(out: Path, target_gb: float = 1.0, *, force: bool = False) -> Bui
         external_bytes=weights.stat().st_size,
         external_file=weights,
     )
-    manifest = _read_manifest(out)
-    manifest[name] = {"params": params, "model": built.to_json()}
-    _write_manifest(out, manifest)
+    _record(out, name, params, built)
     _log(
         f"built {path} + {weights.name} ({built.external_bytes / 1e9:.2f} GB, "
         f"{built.nodes} nodes) in {time.perf_counter() - started:.1f} s"
@@ -532,9 +535,7 @@ def ensure_external_copy(out: Path, source: BuiltModel, *, force: bool = False) 
         external_bytes=weights.stat().st_size,
         external_file=weights,
     )
-    manifest = _read_manifest(out)
-    manifest[name] = {"params": params, "model": built.to_json()}
-    _write_manifest(out, manifest)
+    _record(out, name, params, built)
     _log(f"built {path} + {weights.name} in {time.perf_counter() - started:.1f} s")
     return built
 
