@@ -295,7 +295,10 @@ def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
     dims and first row alone (that row is zero after its first value), so that the data of
     the other constants met on the way (weights) is never read."""
     proto = index.constant_tensor(tensor)
-    if proto is None or not _could_be_triangular(dims := tuple(proto.dims)):
+    if proto is None:
+        return False
+    dims = tuple(proto.dims)
+    if not _could_be_triangular(dims):
         return False
     head = raw_values(proto, dims[-1])
     return head is None or all(v == 0 for v in head[1:])
