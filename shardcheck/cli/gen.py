@@ -127,15 +127,14 @@ def gen(model: str, output: str, **options: object) -> int:
         raise InputError(f"{output}: is the input model; write the hints elsewhere")
     with gc_paused():
         parsed = parse_model(model)
-        for location in parsed.external_locations():
+        locations = parsed.external_locations()
+        for location in locations:
             if same_file(output, Path(model).parent / location):
                 raise InputError(
                     f"{output}: is a weight file of the model; write the hints elsewhere"
                 )
         with checked_concurrently(parsed):
-            index = GraphIndex(
-                parsed.model, source=model, external_locations=parsed.external_locations()
-            )
+            index = GraphIndex(parsed.model, source=model, external_locations=locations)
             result = generate(index, gen_options)
     for warning in result.warnings:
         warning_line(warning)
