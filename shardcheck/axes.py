@@ -11,7 +11,7 @@ Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
 from __future__ import annotations
 
 from shardcheck.graph import Dim, GraphIndex, Node
-from shardcheck.shapes import ELEMENTWISE, ShapeInference, _product
+from shardcheck.shapes import ELEMENTWISE, ShapeInference
 
 AxisList = list[tuple[str, int]]
 _UNKNOWN = object()  # not in a memo yet
@@ -54,6 +54,7 @@ class AxisMapper:
         # The frontier search asks the same questions in every round: answer each once.
         self._memo: dict[tuple[int, int], AxisList | None] = {}
         self._forward_memo: dict[tuple[int, str, int], int | None] = {}
+        self._reshape_blocks: dict[int, list[tuple[list[int], list[int]]]] = {}
 
     def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         key = (node.index, out_axis)
@@ -136,6 +137,14 @@ class AxisMapper:
                 mapped = self.input_axes(node, guess) if 0 <= guess < out_rank else None
                 if mapped and (tensor, axis) in mapped:
                     found = guess
+        elif node.op_type == "Transpose":
+            # One output axis holds each input axis: the first whose permutation entry it is.
+            perm = node.attr("perm") or list(reversed(range(out_rank or 0)))
+            if axis in perm:
+                guess = perm.index(axis)
+                mapped = self.input_axes(node, guess)
+                if mapped and (tensor, axis) in mapped:
+                    found = guess
         else:
             for out_axis in range(out_rank or 0):
                 mapped = self.input_axes(node, out_axis)
@@ -187,7 +196,10 @@ class AxisMapper:
         target = self.shapes.shape(node.outputs[0])
         if source is None or target is None or not carries(target[out_axis], self.seq):
             return None
-        for in_axes, out_axes in _blocks(source, target):
+        blocks = self._reshape_blocks.get(node.index)
+        if blocks is None:
+            blocks = self._reshape_blocks[node.index] = _blocks(source, target)
+        for in_axes, out_axes in blocks:
             if out_axis in out_axes:
                 carrying = [a for a in in_axes if carries(source[a], self.seq)]
                 return [(node.inputs[0], carrying[0])] if len(carrying) == 1 else None
@@ -246,7 +258,7 @@ def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list
     i = j = 0
     while i < len(source) and j < len(target):
         in_axes, out_axes = [i], [j]
-        left, right = _product([source[i]]), _product([target[j]])
+        left, right = _size([source[i]]), _size([target[j]])
         i += 1
         j += 1
         while left != right:
@@ -254,11 +266,11 @@ def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list
                 return blocks
             if _smaller(left, right) and i < len(source):
                 in_axes.append(i)
-                left = _product([source[a] for a in in_axes])
+                left = _size([source[a] for a in in_axes])
                 i += 1
             elif j < len(target):
                 out_axes.append(j)
-                right = _product([target[a] for a in out_axes])
+                right = _size([target[a] for a in out_axes])
                 j += 1
             else:
                 return blocks
@@ -266,9 +278,30 @@ def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list
     return blocks
 
 
-def _smaller(left: tuple[int, object], right: tuple[int, object]) -> bool:
-    left_symbols = sum(left[1].values())  # type: ignore[attr-defined]
-    right_symbols = sum(right[1].values())  # type: ignore[attr-defined]
-    if left_symbols != right_symbols:
-        return left_symbols < right_symbols
+Size = tuple[int, tuple[str, ...]]
+
+
+def _size(dims: list[Dim]) -> Size | None:
+    """A product of dims as its integer factor and its symbols, sorted (merged dims are
+    written ``a*b``); None when a dim is unknown. Equal sizes have equal keys."""
+    number = 1
+    symbols: list[str] = []
+    for dim in dims:
+        if dim is None:
+            return None
+        if isinstance(dim, int):
+            number *= dim
+            continue
+        for factor in dim.split("*"):
+            if factor.isdigit():
+                number *= int(factor)
+            else:
+                symbols.append(factor)
+    symbols.sort()
+    return number, tuple(symbols)
+
+
+def _smaller(left: Size, right: Size) -> bool:
+    if len(left[1]) != len(right[1]):
+        return len(left[1]) < len(right[1])
     return left[0] < right[0]

@@ -8,10 +8,10 @@ from conftest import FIXTURES
 from onnx import TensorProto
 from onnx import helper as oh
 
-from shardcheck.axes import AxisMapper
+from shardcheck.axes import AxisMapper, _blocks
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.frontier import SHAPE_OPS, _ShapeSources, _SlicedTest, data_derived, find_frontier
-from shardcheck.graph import GraphIndex, Node
+from shardcheck.graph import Dim, GraphIndex, Node
 from shardcheck.loader import load_index
 from shardcheck.shapes import ShapeInference
 
@@ -150,3 +150,44 @@ def test_output_axis_is_the_first_output_axis_that_maps_back_to_the_input(name: 
                 assert mapper.output_axis(node, tensor, axis) == expected, (node.label, axis)
                 tried += expected is not None
     assert tried > 0
+
+
+def _numeric(dims: list[Dim], primes: dict[str, int]) -> int:
+    """A size with every symbol replaced by its own prime: equal products, equal numbers."""
+    total = 1
+    for dim in dims:
+        for factor in str(dim).split("*"):
+            if not factor.isdigit():
+                factor = str(primes.setdefault(factor, _PRIMES[len(primes)]))
+            total *= int(factor)
+    return total
+
+
+_PRIMES = [1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049, 1051, 1061, 1063, 1069, 1087, 1091]
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_reshape_blocks_pair_runs_of_axes_of_equal_size(name: str) -> None:
+    index = load_index(REAL / name)
+    shapes = ShapeInference(index)
+    checked = 0
+    for node in index.nodes:
+        if node.op_type != "Reshape":
+            continue
+        source, target = shapes.shape(node.inputs[0]), shapes.shape(node.outputs[0])
+        if source is None or target is None or None in source or None in target:
+            continue
+        blocks = _blocks(source, target)
+        primes: dict[str, int] = {}
+        # Consecutive runs of axes from the first on, of equal sizes on both sides.
+        expected_in = expected_out = 0
+        for in_axes, out_axes in blocks:
+            assert in_axes == list(range(expected_in, expected_in + len(in_axes)))
+            assert out_axes == list(range(expected_out, expected_out + len(out_axes)))
+            expected_in += len(in_axes)
+            expected_out += len(out_axes)
+            sizes_in = [source[a] for a in in_axes]
+            sizes_out = [target[a] for a in out_axes]
+            assert _numeric(sizes_in, primes) == _numeric(sizes_out, primes), node.label
+            checked += 1
+    assert checked > 0
