@@ -11,7 +11,7 @@ Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
 from __future__ import annotations
 
 from shardcheck.graph import Dim, GraphIndex, Node
-from shardcheck.shapes import ELEMENTWISE, ShapeInference
+from shardcheck.shapes import ELEMENTWISE, ShapeInference, Size, size_of
 
 AxisList = list[tuple[str, int]]
 _UNKNOWN = object()  # not in a memo yet
@@ -258,7 +258,7 @@ def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list
     i = j = 0
     while i < len(source) and j < len(target):
         in_axes, out_axes = [i], [j]
-        left, right = _size([source[i]]), _size([target[j]])
+        left, right = size_of([source[i]]), size_of([target[j]])
         i += 1
         j += 1
         while left != right:
@@ -266,39 +266,16 @@ def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list
                 return blocks
             if _smaller(left, right) and i < len(source):
                 in_axes.append(i)
-                left = _size([source[a] for a in in_axes])
+                left = size_of([source[a] for a in in_axes])
                 i += 1
             elif j < len(target):
                 out_axes.append(j)
-                right = _size([target[a] for a in out_axes])
+                right = size_of([target[a] for a in out_axes])
                 j += 1
             else:
                 return blocks
         blocks.append((in_axes, out_axes))
     return blocks
-
-
-Size = tuple[int, tuple[str, ...]]
-
-
-def _size(dims: list[Dim]) -> Size | None:
-    """A product of dims as its integer factor and its symbols, sorted (merged dims are
-    written ``a*b``); None when a dim is unknown. Equal sizes have equal keys."""
-    number = 1
-    symbols: list[str] = []
-    for dim in dims:
-        if dim is None:
-            return None
-        if isinstance(dim, int):
-            number *= dim
-            continue
-        for factor in dim.split("*"):
-            if factor.isdigit():
-                number *= int(factor)
-            else:
-                symbols.append(factor)
-    symbols.sort()
-    return number, tuple(symbols)
 
 
 def _smaller(left: Size, right: Size) -> bool:

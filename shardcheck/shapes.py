@@ -14,7 +14,6 @@ less.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -74,31 +73,49 @@ def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
     return tuple(result)
 
 
-def _product(dims: Sequence[Dim]) -> tuple[int, Counter[str]] | None:
-    """A product of dims as (integer factor, symbols); merged dims are written ``a*b``."""
+Size = tuple[int, tuple[str, ...]]  # a product of dims: integer factor, symbols sorted
+
+
+def size_of(dims: Sequence[Dim]) -> Size | None:
+    """A product of dims as its integer factor and its symbols, sorted (merged dims are
+    written ``a*b``), so that equal products have equal sizes; None when a dim is unknown."""
     number = 1
-    symbols: Counter[str] = Counter()
+    symbols: list[str] = []
     for dim in dims:
         if dim is None:
             return None
         if isinstance(dim, int):
             number *= dim
             continue
-        for factor in dim.split("*") if "*" in dim else (dim,):
+        for factor in dim.split("*"):
             if factor.isdigit():
                 number *= int(factor)
             else:
-                symbols[factor] += 1
-    return number, symbols
+                symbols.append(factor)
+    symbols.sort()
+    return number, tuple(symbols)
 
 
-def _dim_of(product: tuple[int, Counter[str]] | None) -> Dim:
-    if product is None:
+def _quotient(whole: Size, part: Size) -> Size | None:
+    """``whole`` / ``part``, when ``part``'s symbols are among ``whole``'s and its integer
+    factor divides ``whole``'s."""
+    remaining = list(whole[1])
+    for symbol in part[1]:
+        if symbol not in remaining:
+            return None
+        remaining.remove(symbol)
+    if part[0] == 0 or whole[0] % part[0]:
         return None
-    number, symbols = product
+    return whole[0] // part[0], tuple(remaining)
+
+
+def _dim_of(size: Size | None) -> Dim:
+    if size is None:
+        return None
+    number, symbols = size
     if not symbols:
         return number
-    factors = sorted(symbols.elements())
+    factors = list(symbols)
     if number != 1:
         factors.insert(0, str(number))
     return "*".join(factors)
@@ -113,14 +130,9 @@ def reshape_dims(source: Shape, target: Sequence[Dim], allowzero: bool = False) 
             dims[axis] = source[axis]
     if -1 in dims:
         position = dims.index(-1)
-        whole = _product(source)
-        rest = _product([d for i, d in enumerate(dims) if i != position])
-        if whole is None or rest is None or rest[1] - whole[1] or rest[0] == 0:
-            dims[position] = None
-        elif whole[0] % rest[0]:
-            dims[position] = None
-        else:
-            dims[position] = _dim_of((whole[0] // rest[0], whole[1] - rest[1]))
+        whole = size_of(source)
+        rest = size_of([d for i, d in enumerate(dims) if i != position])
+        dims[position] = None if whole is None or rest is None else _dim_of(_quotient(whole, rest))
     return tuple(dims)
 
 
@@ -396,7 +408,7 @@ class ShapeInference:
         assert shape is not None
         rank = len(shape)
         axis = node.attr("axis", 1) % (rank + 1) if rank else 0
-        left, right = _product(shape[:axis]), _product(shape[axis:])
+        left, right = size_of(shape[:axis]), size_of(shape[axis:])
         return [TensorInfo((_dim_of(left), _dim_of(right)))]
 
     def _fused_attention(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
@@ -414,9 +426,7 @@ class ShapeInference:
         if repeats is None or len(repeats) != len(shape):
             return [TensorInfo((None,) * len(shape))]
         return [
-            TensorInfo(
-                tuple(_dim_of(_product([d, r])) for d, r in zip(shape, repeats, strict=True))
-            )
+            TensorInfo(tuple(_dim_of(size_of([d, r])) for d, r in zip(shape, repeats, strict=True)))
         ]
 
     def _attention_output(self, node: Node, query: Shape) -> Shape:
@@ -429,7 +439,7 @@ class ShapeInference:
         if len(query) == len(value):
             return (*query[:-1], value[-1])
         if len(query) == 3 and len(value) == 4:
-            return (*query[:-1], _dim_of(_product([value[1], value[3]])))
+            return (*query[:-1], _dim_of(size_of([value[1], value[3]])))
         return (*query[:-1], None)
 
     def _rank_only(self, node: Node) -> list[TensorInfo] | None:
@@ -658,7 +668,7 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
         elif op in ("Mul", "Div") and b == 1:
             result.append(a)
         elif op == "Mul" and a is not None and b is not None:
-            result.append(_dim_of(_product([a, b])))
+            result.append(_dim_of(size_of([a, b])))
         elif op == "Div" and isinstance(b, int) and b > 0 and isinstance(a, str):
             result.append(_divide(a, b))
         elif op in ("Add", "Sub") and b == 0:
@@ -712,7 +722,5 @@ def _where_value(
 
 def _divide(dim: str, divisor: int) -> Dim:
     """``2*batch`` / 2 -> ``batch``; None when the factor is not there."""
-    product = _product([dim])
-    if product is None or product[0] % divisor:
-        return None
-    return _dim_of((product[0] // divisor, product[1]))
+    size = size_of([dim])
+    return None if size is None else _dim_of(_quotient(size, (divisor, ())))
