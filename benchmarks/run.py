@@ -547,21 +547,15 @@ def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, flo
 
 
 def one_inference(model: BuiltModel, seq_len: int) -> float:
-    """An onnxruntime session made and run once on seeded inputs (as shardcheck runs models)."""
-    import onnxruntime
+    """An onnxruntime session made and run once on seeded inputs, made as shardcheck makes
+    its sessions (``shardcheck.feeds.make_session``: its options, no graph optimizations)."""
+    from shardcheck.feeds import make_session
 
     proto = onnx.load(str(model.path))
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {}
     started = time.perf_counter()
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 4
-    session = onnxruntime.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = make_session(proto)
     for info in session.get_inputs():
         if info.name == "input_ids":
             feeds[info.name] = rng.integers(0, build_models.VOCAB, (1, seq_len), dtype=np.int64)

@@ -421,7 +421,7 @@ def watched_tensors(
 class PendingSession:
     """The onnxruntime session of the runs, made in another thread from the start.
 
-    Making the session (loading and optimizing the model) is most of verify's onnxruntime
+    Making the session (loading the model, making its kernels) is most of verify's onnxruntime
     time, and onnxruntime releases the GIL while it does it: the analysis (shape inference,
     detection, the static checks) runs meanwhile. The model with the watched tensors as outputs
     is serialized here, in the caller's thread, since that reads the index's model.

@@ -12,7 +12,13 @@ from onnx import TensorProto, helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
-from shardcheck.feeds import embedding_table_size, make_feeds, resolve_dims, run_model
+from shardcheck.feeds import (
+    embedding_table_size,
+    make_feeds,
+    make_session,
+    resolve_dims,
+    run_model,
+)
 from shardcheck.hints import ShardHints, ShardTensor
 
 REAL = FIXTURES / "real"
@@ -127,3 +133,28 @@ def test_run_model_runs_on_the_cpu() -> None:
     outputs = run_model(index.model, feeds)
     assert list(outputs) == ["output"]
     assert outputs["output"].shape == (1, 6, 16)
+
+
+def test_sessions_run_the_graph_as_written_on_one_thread() -> None:
+    import onnxruntime
+
+    session = make_session((REAL / "ts_gpt2_tiny.onnx").read_bytes())
+    options = session.get_session_options()
+    assert options.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+    assert options.execution_mode == onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+
+
+def test_without_graph_optimizations_the_outputs_are_onnxruntimes_usual_ones() -> None:
+    import onnxruntime
+
+    model = (REAL / "ts_gpt2_tiny.onnx").read_bytes()
+    index = load_index(REAL / "ts_gpt2_tiny.onnx")
+    dims = resolve_dims(index, hints_with_inputs(ShardTensor("input_ids", 1)), 16, {})
+    feeds = make_feeds(index, dims, seed=0)
+    optimized = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    expected = optimized.run(None, feeds)
+    observed = make_session(model).run(None, feeds)
+    assert len(observed) == len(expected)
+    for ours, theirs in zip(observed, expected, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
