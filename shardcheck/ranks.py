@@ -58,6 +58,7 @@ class RankFailure(Exception):
 class _Stage:
     level: int
     nodes: list[onnx.NodeProto]
+    reads: list[list[str]]  # each node's inputs (``_node_inputs``), in the order of ``nodes``
     inputs: list[str]
     outputs: list[str]  # what later stages, collectives or the graph outputs read
     produced: list[str]  # every tensor the stage makes (the diagnostic outputs)
@@ -105,7 +106,7 @@ class RankSimulator:
         self.template = weights
         self.weights = {tensor.name: tensor for tensor in weights.graph.initializer}
         graph = sharded.model.graph
-        self.nodes = _toposorted(graph)
+        self.nodes, self.reads = _toposorted(graph)
         self.producers = {name: node for node in self.nodes for name in node.output}
         # DistCollective node -> the tensor that ends its chain (after the Transpose back).
         self.tail_of_collective = {
@@ -132,37 +133,41 @@ class RankSimulator:
     def _plan(self, graph_inputs: set[str], graph_outputs: list[str]) -> list[_Stage | _Collective]:
         level = dict.fromkeys(set(self.weights) | graph_inputs, 0)
         node_levels: list[int] = []
-        for node in self.nodes:
-            at = max((level.get(name, 0) for name in _node_inputs(node) if name), default=0)
+        for node, reads in zip(self.nodes, self.reads, strict=True):
+            at = max((level.get(name, 0) for name in reads if name), default=0)
             node_levels.append(at)
             for name in node.output:
                 level[name] = at + 1 if _is_collective(node) else at
         read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
-        for node, at in zip(self.nodes, node_levels, strict=True):
+        # The nodes of each level, in order (one pass: a model has hundreds of levels).
+        by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
+        for position, at in enumerate(node_levels):
+            by_level[at].append(position)
             # A collective reads its input after the stage of its level has run.
-            reader = at + 0.5 if _is_collective(node) else at
-            for name in _node_inputs(node):
+            reader = at + 0.5 if _is_collective(self.nodes[position]) else at
+            for name in self.reads[position]:
                 read_at[name] = max(read_at.get(name, -1.0), reader)
 
         steps: list[_Stage | _Collective] = []
-        for at in range(max(node_levels, default=0) + 1):
-            here = [n for n, lv in zip(self.nodes, node_levels, strict=True) if lv == at]
-            members = [node for node in here if not _is_collective(node)]
+        for at, here in enumerate(by_level):
+            members = [i for i in here if not _is_collective(self.nodes[i])]
             if members:
                 steps.append(self._stage(at, members, read_at))
-            steps.extend(_collective(node) for node in here if _is_collective(node))
+            steps.extend(_collective(self.nodes[i]) for i in here if _is_collective(self.nodes[i]))
         return steps
 
-    def _stage(self, at: int, nodes: list[onnx.NodeProto], read_at: dict[str, float]) -> _Stage:
+    def _stage(self, at: int, members: list[int], read_at: dict[str, float]) -> _Stage:
+        nodes = [self.nodes[i] for i in members]
+        reads = [self.reads[i] for i in members]
         produced = [name for node in nodes for name in node.output if name]
         made = set(produced)
         inputs: dict[str, None] = {}
-        for node in nodes:
-            for name in _node_inputs(node):
+        for names in reads:
+            for name in names:
                 if name and name not in made and name not in self.weights:
                     inputs.setdefault(name)
         outputs = [name for name in produced if read_at.get(name, -1.0) > at]
-        return _Stage(at, nodes, list(inputs), outputs, produced)
+        return _Stage(at, nodes, reads, list(inputs), outputs, produced)
 
     def _check_groups(self) -> None:
         for step in self.steps:
@@ -262,8 +267,9 @@ class RankSimulator:
         feeds: Mapping[str, np.ndarray],
         outputs: list[str],
     ) -> onnx.ModelProto:
-        nodes = [node for node in stage.nodes if node.name not in removed]
-        used = {name for node in nodes for name in _node_inputs(node)}
+        kept = [i for i, node in enumerate(stage.nodes) if node.name not in removed]
+        nodes = [stage.nodes[i] for i in kept]
+        used = {name for i in kept for name in stage.reads[i]}
         inputs = [
             helper.make_tensor_value_info(
                 name,
@@ -359,9 +365,10 @@ def _node_inputs(node: onnx.NodeProto) -> list[str]:
     return names
 
 
-def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Copies of the nodes in a topological order (the graph's own where it is one); unnamed
-    nodes get a name, so that onnxruntime's errors can point at them."""
+def _toposorted(graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], list[list[str]]]:
+    """Copies of the nodes in a topological order (the graph's own where it is one), and what
+    each reads (``_node_inputs``); unnamed nodes get a name, so that onnxruntime's errors can
+    point at them."""
     nodes: list[onnx.NodeProto] = []
     for position, proto in enumerate(graph.node):
         node = onnx.NodeProto()
@@ -370,7 +377,8 @@ def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
             node.name = f"<unnamed {node.op_type} #{position}>"
         nodes.append(node)
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    order: list[onnx.NodeProto] = []
+    reads = [_node_inputs(node) for node in nodes]
+    order: list[int] = []
     placed: set[int] = set()
     visiting: set[int] = set()
     for start in range(len(nodes)):
@@ -379,17 +387,17 @@ def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
             position, inputs_placed = stack.pop()
             if inputs_placed:
                 placed.add(position)
-                order.append(nodes[position])
+                order.append(position)
                 continue
             if position in placed or position in visiting:
                 continue
             visiting.add(position)
             stack.append((position, True))
-            for name in reversed(_node_inputs(nodes[position])):
+            for name in reversed(reads[position]):
                 before = producer.get(name)
                 if before is not None and before not in placed:
                     stack.append((before, False))
-    return order
+    return [nodes[i] for i in order], [reads[i] for i in order]
 
 
 def _downstream(nodes: list[onnx.NodeProto], start: str) -> frozenset[str]:
