@@ -81,8 +81,7 @@ def find_frontier(
     sources = _ShapeSources(index, derived)
     for _ in range(MAX_ROUNDS):
         region, region_nodes, cut = _walk_back(index, mapper, derived, seeds, whole, layer_outputs)
-        inside = region_nodes | forward_nodes
-        needed = _must_be_whole(index, derived, region, inside, cut)
+        needed = _must_be_whole(index, derived, region, (region_nodes, forward_nodes), cut)
         needed |= _sized_whole(index, mapper, sources, region, region_nodes)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -90,7 +89,7 @@ def find_frontier(
             break
         whole |= needed
         seeds.extend(masks)
-    order = _graph_order(index)
+    order = _GraphOrder(index)
     result.inputs = _ordered(order, shapes, cut)
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
@@ -411,11 +410,12 @@ def _must_be_whole(
     index: GraphIndex,
     derived: set[str],
     region: dict[str, int],
-    region_nodes: set[int],
+    inside: tuple[set[int], set[int]],
     cut: dict[str, int],
 ) -> set[str]:
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
-    cuts that other nodes read outside the region: both must be computed whole."""
+    cuts that nodes read outside the region (``inside``: its nodes, and those after the
+    layers): both must be computed whole."""
     needed: set[str] = set()
     off_walk: set[str] = set()
     sliced = _SlicedTest(index, cut)
@@ -442,9 +442,12 @@ def _must_be_whole(
                 queue.append(name)
     needed |= _region_ancestors(index, off_walk, region)
     consumers = index.consumers
+    region_nodes, forward_nodes = inside
     for tensor in cut:
         if any(
-            user not in region_nodes and nodes[user].op_type not in SHAPE_OPS
+            user not in region_nodes
+            and user not in forward_nodes
+            and nodes[user].op_type not in SHAPE_OPS
             for user in consumers.get(tensor, ())
         ):
             needed.add(tensor)
@@ -588,23 +591,34 @@ def _walk_forward(
     return outputs, nodes
 
 
-def _graph_order(index: GraphIndex) -> dict[str, int]:
-    """Every tensor's position: graph inputs, then initializers, then node outputs."""
-    order = {name: i for i, name in enumerate(index.graph_inputs)}
-    offset = len(order)
-    for i, name in enumerate(index.initializers):
-        order.setdefault(name, offset + i)
-    offset = len(order)
-    for node in index.nodes:
-        for name in node.outputs:
-            order.setdefault(name, offset + node.index)
-    return order
+class _GraphOrder:
+    """A tensor's position in the graph: graph inputs, then initializers, then node outputs
+    (by their node). Asked of the few tensors to scatter and gather only."""
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self.inputs = {name: i for i, name in enumerate(index.graph_inputs)}
+        self._initializers: dict[str, int] | None = None
+
+    def __call__(self, tensor: str) -> int:
+        index = self.index
+        position = self.inputs.get(tensor)
+        if position is not None:
+            return position
+        if tensor in index.initializers:
+            if self._initializers is None:
+                self._initializers = {name: i for i, name in enumerate(index.initializers)}
+            return len(self.inputs) + self._initializers[tensor]
+        producer = index.producer.get(tensor)
+        if producer is None:
+            return 0
+        return len(self.inputs) + len(index.initializers) + producer
 
 
 def _ordered(
-    order: dict[str, int], shapes: ShapeInference, tensors: dict[str, int]
+    order: _GraphOrder, shapes: ShapeInference, tensors: dict[str, int]
 ) -> list[CutTensor]:
     return [
         CutTensor(name, axis, shapes.rank(name))
-        for name, axis in sorted(tensors.items(), key=lambda item: (order.get(item[0], 0), item[0]))
+        for name, axis in sorted(tensors.items(), key=lambda item: (order(item[0]), item[0]))
     ]
