@@ -10,6 +10,8 @@ Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from shardcheck.graph import Dim, GraphIndex, Node
 from shardcheck.shapes import ELEMENTWISE, ShapeInference, Size, size_of
 
@@ -128,31 +130,31 @@ class AxisMapper:
             return found  # type: ignore[return-value]
         found = None
         out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
-        if node.op_type in ALIGNED_OPS:
-            # Their inputs' axes are the output's, aligned from the right: an input axis is in
-            # the map of one output axis only, so that one is the only one to compute.
-            shape = self.shapes.shape(tensor)
-            if shape is not None and out_rank is not None:
-                guess = axis + out_rank - len(shape)
-                mapped = self.input_axes(node, guess) if 0 <= guess < out_rank else None
-                if mapped and (tensor, axis) in mapped:
-                    found = guess
-        elif node.op_type == "Transpose":
-            # One output axis holds each input axis: the first whose permutation entry it is.
-            perm = node.attr("perm") or list(reversed(range(out_rank or 0)))
-            if axis in perm:
-                guess = perm.index(axis)
-                mapped = self.input_axes(node, guess)
-                if mapped and (tensor, axis) in mapped:
-                    found = guess
-        else:
-            for out_axis in range(out_rank or 0):
-                mapped = self.input_axes(node, out_axis)
-                if mapped and (tensor, axis) in mapped:
-                    found = out_axis
-                    break
+        for out_axis in self._output_candidates(node, tensor, axis, out_rank):
+            mapped = self.input_axes(node, out_axis)
+            if mapped and (tensor, axis) in mapped:
+                found = out_axis
+                break
         self._forward_memo[key] = found
         return found
+
+    def _output_candidates(
+        self, node: Node, tensor: str, axis: int, out_rank: int | None
+    ) -> Iterable[int]:
+        """The output axes, in order, whose input axes may hold ``tensor`` at ``axis``: every
+        one, but where the op tells which one it can only be."""
+        if node.op_type in ALIGNED_OPS:
+            # Their inputs' axes are the output's, aligned from the right.
+            shape = self.shapes.shape(tensor)
+            if shape is None or out_rank is None:
+                return ()
+            guess = axis + out_rank - len(shape)
+            return (guess,) if 0 <= guess < out_rank else ()
+        if node.op_type == "Transpose":
+            # The first output axis whose permutation entry it is.
+            perm = node.attr("perm") or list(reversed(range(out_rank or 0)))
+            return (perm.index(axis),) if axis in perm else ()
+        return range(out_rank or 0)
 
     # ------------------------------------------------------------------ per op
 
