@@ -12,7 +12,7 @@ import gc
 import math
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -408,7 +408,6 @@ def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """The files that hold the model's external tensors (locations relative to the model)."""
-    locations: set[str] = set()
     tensors = list(model.graph.initializer)
     tensors.extend(
         attribute.t
@@ -416,7 +415,14 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
         for attribute in node.attribute
         if attribute.HasField("t")
     )
-    for tensor in tensors:
-        if tensor.data_location == _EXTERNAL:
-            locations.update(e.value for e in tensor.external_data if e.key == "location")
-    return locations
+    return locations_of(tensor for tensor in tensors if tensor.data_location == _EXTERNAL)
+
+
+def locations_of(tensors: Iterable[onnx.TensorProto]) -> set[str]:
+    """The files that external ``tensors`` name in their ``location`` entries."""
+    return {
+        entry.value
+        for tensor in tensors
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }

@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 
 from shardcheck import protos
 from shardcheck.errors import InputError, ModelError
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import GraphIndex, locations_of
 from shardcheck.protos import full_onnx
 
 if TYPE_CHECKING:
@@ -117,12 +117,7 @@ class ParsedModel:
 
     def external_locations(self) -> set[str]:
         """The files that hold the model's external tensors, as the parse found them."""
-        return {
-            entry.value
-            for tensor in self._scan.external
-            for entry in tensor.external_data
-            if entry.key == "location"
-        }
+        return locations_of(self._scan.external)
 
     def release_file(self) -> None:
         """Close the mapped file, if any: from now on the checker reads the parsed model. A

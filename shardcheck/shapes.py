@@ -234,7 +234,7 @@ class ShapeInference:
             ):
                 # No shape value to carry: the dims are all there is to read.
                 return [TensorInfo(dims)]
-            values = raw_values(tensor, dims[0] if dims else 1, whole=True)
+            values = _raw_ints(tensor, dims)
             if values is not None:
                 return [TensorInfo(dims, values)]
         value = self.index.constant_value(node.outputs[0])
