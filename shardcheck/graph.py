@@ -39,6 +39,10 @@ _SIMPLE_ATTRIBUTES = {
     protos.AttributeProto.TENSOR: "t",
 }
 _EXTERNAL = protos.TensorProto.EXTERNAL
+_TENSOR = protos.AttributeProto.TENSOR
+_TENSORS = protos.AttributeProto.TENSORS
+_GRAPH = protos.AttributeProto.GRAPH
+_GRAPHS = protos.AttributeProto.GRAPHS
 _STRUCT_CODES = {
     protos.TensorProto.FLOAT: "f",
     protos.TensorProto.DOUBLE: "d",
@@ -407,15 +411,45 @@ def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
 
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
-    """The files that hold the model's external tensors (locations relative to the model)."""
-    tensors = list(model.graph.initializer)
-    tensors.extend(
-        attribute.t
-        for node in model.graph.node
-        for attribute in node.attribute
-        if attribute.HasField("t")
-    )
-    return locations_of(tensor for tensor in tensors if tensor.data_location == _EXTERNAL)
+    """The files that hold the model's external tensors (locations relative to the model):
+    those of its main graph, its subgraphs (If, Loop, Scan bodies) and its functions."""
+    return locations_of(external_tensors(model))
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [tensor for tensor in model_tensors(model) if tensor.data_location == _EXTERNAL]
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model's graphs and functions, in a fixed order."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        yield from node_tensors(function.node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    yield from node_tensors(graph.node)
+
+
+def node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
+    """The tensors in the attributes of ``nodes``, their subgraphs' included."""
+    for node in nodes:
+        for attribute in node.attribute:
+            yield from attribute_tensors(attribute)
+
+
+def attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    kind = attribute.type
+    if kind == _TENSOR:
+        yield attribute.t
+    elif kind == _TENSORS:
+        yield from attribute.tensors
+    elif kind == _GRAPH:
+        yield from _graph_tensors(attribute.g)
+    elif kind == _GRAPHS:
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
 
 
 def locations_of(tensors: Iterable[onnx.TensorProto]) -> set[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +24,13 @@ from google.protobuf.message import DecodeError
 
 from shardcheck import protos
 from shardcheck.errors import InputError, ModelError
-from shardcheck.graph import GraphIndex, locations_of
+from shardcheck.graph import (
+    GraphIndex,
+    attribute_tensors,
+    locations_of,
+    model_tensors,
+    node_tensors,
+)
 from shardcheck.protos import full_onnx
 
 if TYPE_CHECKING:
@@ -44,10 +49,9 @@ _VALUE_FIELDS = (
     "uint64_data",
 )
 _TENSOR = protos.AttributeProto.TENSOR
-_TENSORS = protos.AttributeProto.TENSORS
-_GRAPH = protos.AttributeProto.GRAPH
-_GRAPHS = protos.AttributeProto.GRAPHS
-_NESTED = frozenset((_TENSORS, _GRAPH, _GRAPHS))
+_NESTED = frozenset(
+    (protos.AttributeProto.TENSORS, protos.AttributeProto.GRAPH, protos.AttributeProto.GRAPHS)
+)
 _EXTERNAL = protos.TensorProto.EXTERNAL
 
 
@@ -221,7 +225,7 @@ def _deserialize(file: Path, content: bytes | mmap.mmap) -> tuple[str, onnx.Mode
 @dataclass(frozen=True)
 class _Scan:
     duplicate_names: set[str]
-    # The external tensors, in ``_dense_tensors`` order.
+    # The external tensors, in ``graph.model_tensors`` order.
     external: list[onnx.TensorProto]
     # Their positions in graph.initializer, when they are all main-graph initializers (the
     # usual case): the checker's copy is then patched by position, without another walk.
@@ -251,10 +255,10 @@ def _scan(model: onnx.ModelProto) -> _Scan:
                     external.append(attribute.t)
             elif kind in _NESTED:
                 external.extend(
-                    t for t in _attribute_tensors(attribute) if t.data_location == _EXTERNAL
+                    t for t in attribute_tensors(attribute) if t.data_location == _EXTERNAL
                 )
     for function in model.functions:
-        external.extend(t for t in _node_tensors(function.node) if t.data_location == _EXTERNAL)
+        external.extend(t for t in node_tensors(function.node) if t.data_location == _EXTERNAL)
     only_initializers = len(external) == len(positions)
     return _Scan(duplicates, external, positions if only_initializers else None)
 
@@ -294,37 +298,6 @@ def _check_external_tensor(
         )
 
 
-def _dense_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of the model's graphs and functions, in a fixed order."""
-    yield from _graph_tensors(model.graph)
-    for function in model.functions:
-        yield from _node_tensors(function.node)
-
-
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    yield from _node_tensors(graph.node)
-
-
-def _node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
-    for node in nodes:
-        for attribute in node.attribute:
-            yield from _attribute_tensors(attribute)
-
-
-def _attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
-    kind = attribute.type
-    if kind == _TENSOR:
-        yield attribute.t
-    elif kind == _TENSORS:
-        yield from attribute.tensors
-    elif kind == _GRAPH:
-        yield from _graph_tensors(attribute.g)
-    elif kind == _GRAPHS:
-        for graph in attribute.graphs:
-            yield from _graph_tensors(graph)
-
-
 def _copy_for_checker(model: onnx.ModelProto, scan: _Scan | None) -> onnx.ModelProto:
     """A copy in which every external tensor is an empty tensor of the same name and type."""
     copy = protos.ModelProto()
@@ -335,7 +308,7 @@ def _copy_for_checker(model: onnx.ModelProto, scan: _Scan | None) -> onnx.ModelP
         initializers = copy.graph.initializer
         external = [initializers[i] for i in scan.initializer_positions]
     else:
-        external = [t for t in _dense_tensors(copy) if t.data_location == _EXTERNAL]
+        external = [t for t in model_tensors(copy) if t.data_location == _EXTERNAL]
     for tensor in external:
         tensor.ClearField("external_data")
         tensor.ClearField("data_location")

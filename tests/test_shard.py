@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from conftest import ANCHORS, FIXTURES, GOLDEN, run_cli
 from onnx import TensorProto, helper, numpy_helper
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError, OutputError
 from shardcheck.feeds import run_model
+from shardcheck.graph import external_locations
 from shardcheck.hints import (
     AttentionLayerHint,
     DistCollective,
@@ -362,6 +364,47 @@ def test_external_weights_next_to_the_source_are_shared(tmp_path: Path) -> None:
         "model.onnx",
         "weights.bin",
     ]
+
+
+def test_weight_files_named_only_inside_subgraphs_are_placed_too(tmp_path: Path) -> None:
+    """An If's branches hold their own initializers; one of them is the only tensor in its
+    file. The sharded model would not load without that file next to it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    branches = []
+    for branch, value in (("then", 1.0), ("else", 2.0)):
+        constant = numpy_helper.from_array(np.full(4, value, dtype=np.float32), f"{branch}_c")
+        branches.append(
+            helper.make_graph(
+                [helper.make_node("Identity", [constant.name], [f"{branch}_out"])],
+                branch,
+                [],
+                [helper.make_tensor_value_info(f"{branch}_out", TensorProto.FLOAT, [4])],
+                [constant],
+            )
+        )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])],
+        "branches",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for attribute in model.graph.node[0].attribute:  # the model's own copies of the branches
+        tensor = attribute.g.initializer[0]
+        location = f"{attribute.g.name}.bin"
+        (tmp_path / "src" / location).write_bytes(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+    source = tmp_path / "src" / "model.onnx"
+    source.write_bytes(model.SerializeToString())
+
+    assert external_locations(model) == {"then.bin", "else.bin"}
+    copied = save_sharded_model(model, source=source, output=tmp_path / "out" / "md.onnx")
+    assert sorted(path.name for path in copied) == ["else.bin", "then.bin"]
+    session = ort.InferenceSession(str(tmp_path / "out" / "md.onnx"))
+    assert session.run(None, {"cond": np.array(False)})[0].tolist() == [2.0] * 4
 
 
 def test_a_different_weight_file_at_the_output_is_not_overwritten(tmp_path: Path) -> None:
