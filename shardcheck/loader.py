@@ -27,6 +27,7 @@ from shardcheck.errors import InputError, ModelError
 from shardcheck.graph import (
     GraphIndex,
     attribute_tensors,
+    external_tensors,
     locations_of,
     model_tensors,
     node_tensors,
@@ -62,23 +63,38 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return parsed.model
 
 
-def with_external_weights(index: GraphIndex, path: str | os.PathLike[str]) -> onnx.ModelProto:
-    """The model with its external weights read in (a copy), for running it; without external
-    data, the index's own model. Only verify and the simulation run models: gen never calls
-    this."""
+def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
+    """Refuse (InputError) a model whose external weight files are missing or too short for
+    the tensors they hold, before onnxruntime is asked to read them. Only verify and the
+    simulation run models: gen never calls this. The files are looked at, not read."""
     if not index.external_locations():
-        return index.model
-    onnx = full_onnx()
-    from onnx.external_data_helper import load_external_data_for_model
-
-    file = Path(path)
-    model = protos.ModelProto()
-    model.CopyFrom(index.model)
-    try:
-        load_external_data_for_model(model, str(file.resolve().parent))
-    except (OSError, onnx.checker.ValidationError) as exc:  # not a regular file
-        raise InputError(f"{file}: cannot read its external weights: {exc}") from None
-    return model
+        return
+    base = Path(path).resolve().parent
+    sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file)
+    for tensor in external_tensors(index.model):
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        location = entries.get("location", "")
+        if location not in sizes:
+            file = base / location
+            sizes[location] = file.stat().st_size if file.is_file() else None
+        size = sizes[location]
+        if size is None:
+            raise InputError(
+                f"{path}: external weight file {location!r} of tensor {tensor.name!r} is "
+                f"missing (looked for {base / location})"
+            )
+        try:
+            offset = int(entries.get("offset") or 0)
+            length = int(entries["length"]) if entries.get("length") else size - offset
+        except ValueError:
+            raise InputError(
+                f"{path}: tensor {tensor.name!r}: external data offset or length is not a number"
+            ) from None
+        if offset < 0 or length < 0 or offset + length > size:
+            raise InputError(
+                f"{path}: tensor {tensor.name!r} needs bytes {offset} to {offset + length} of "
+                f"{location!r}, which has {size}: the weight file is incomplete"
+            )
 
 
 def load_index(path: str | os.PathLike[str]) -> GraphIndex:

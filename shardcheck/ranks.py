@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,13 +97,21 @@ class RankValues:
 class RankSimulator:
     """Runs a sharded model on ``ranks`` simulated ranks; sessions are built once per stage.
 
-    ``weights`` is the single-device model with its weights loaded: stages take their
-    initializers, opsets and functions from it.
+    ``weights`` is the single-device model: stages take their initializers, opsets and
+    functions from it; ``weights_dir`` is where its external weight files are (see
+    ``feeds.make_session``).
     """
 
-    def __init__(self, sharded: ShardedModel, weights: onnx.ModelProto, ranks: int) -> None:
+    def __init__(
+        self,
+        sharded: ShardedModel,
+        weights: onnx.ModelProto,
+        ranks: int,
+        weights_dir: Path | None = None,
+    ) -> None:
         self.sharded = sharded
         self.ranks = ranks
+        self.weights_dir = weights_dir
         self.template = weights
         self.weights = {tensor.name: tensor for tensor in weights.graph.initializer}
         graph = sharded.model.graph
@@ -248,7 +257,8 @@ class RankSimulator:
         try:
             session = stage.sessions.get((removed, diagnostic))
             if session is None:
-                session = make_session(self._stage_model(stage, removed, feeds, outputs))
+                model = self._stage_model(stage, removed, feeds, outputs)
+                session = make_session(model, self.weights_dir)
                 stage.sessions[(removed, diagnostic)] = session
             self.session_runs += 1
             values = session.run(outputs, feeds)

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index, with_external_weights
+from shardcheck.loader import check_weight_files, load_index
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q, shard_model
@@ -172,8 +173,12 @@ class Simulation:
             layers = gathered_by_q(detect_attention(index, shapes))
         sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
         check_weights(index)
-        self.model = with_external_weights(index, model_path)
-        self.simulator = RankSimulator(sharded, self.model, ranks)
+        check_weight_files(index, model_path)
+        # The model as the file has it: external weights are read by onnxruntime, from their
+        # files, in each session that needs them.
+        self.model = index.model
+        self.weights_dir = Path(model_path).resolve().parent
+        self.simulator = RankSimulator(sharded, self.model, ranks, self.weights_dir)
         self._single_device: Any = None
 
     def run(
@@ -231,7 +236,7 @@ class Simulation:
         names = list(self.index.graph_outputs)
         try:
             if self._single_device is None:
-                self._single_device = make_session(self.model)
+                self._single_device = make_session(self.model, self.weights_dir)
             values = self._single_device.run(names, dict(feeds))
         except ort_errors() as error:
             chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
@@ -335,7 +340,7 @@ def _diagnose(
     """The first tensor, in topological order, where a rank differs from its slice of the
     single-device tensor, or the first node a rank cannot compute."""
     sources = {tail.source for tail in simulator.sharded.tails.values()}
-    single = _all_single_device_values(model, feeds, sources)
+    single = _all_single_device_values(model, feeds, sources, simulator.weights_dir)
     ranks = simulator.run(feeds, diagnostic=True)
     ndim = {name: value.ndim for name, value in single.items()}
     shape_only = shape_only_tensors(simulator.nodes, set(simulator.weights), ndim)
@@ -374,7 +379,10 @@ def _failure_mismatch(simulator: RankSimulator, failure: RankFailure) -> Mismatc
 
 
 def _all_single_device_values(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], sources: set[str]
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    sources: set[str],
+    weights_dir: Path | None,
 ) -> dict[str, np.ndarray]:
     """Every tensor of the single-device run, with the initializers that the hints name."""
     inner = onnx.ModelProto()
@@ -382,10 +390,15 @@ def _all_single_device_values(
     declared = {output.name for output in inner.graph.output}
     names = [name for node in inner.graph.node for name in node.output if name]
     inner.graph.output.extend(untyped_output(name) for name in names if name not in declared)
-    values = run_model(inner, feeds)
+    values = run_model(inner, feeds, weights_dir=weights_dir)
     values.update(feeds)
+    base_dir = "" if weights_dir is None else str(weights_dir)
     values.update(
-        {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in sources}
+        {
+            t.name: numpy_helper.to_array(t, base_dir)
+            for t in model.graph.initializer
+            if t.name in sources
+        }
     )
     return values
 

@@ -25,7 +25,7 @@ from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
-from shardcheck.loader import with_external_weights
+from shardcheck.loader import check_weight_files
 from shardcheck.report import ERROR, INFO, WARNING, Report
 from shardcheck.shapes import ShapeInference
 
@@ -436,18 +436,22 @@ class PendingSession:
     ) -> None:
         self.watched = watched
         extra = [name for name in watched if name not in index.graph_inputs]
-        model = _with_outputs(index, model_path, extra, serialized)
+        check_weight_files(index, model_path)
+        model = _with_outputs(index, extra, serialized)
         self._made: list[_Session] = []
         self._failed: list[BaseException] = []
         # A daemon thread: an error found meanwhile is reported without waiting for it.
         self._thread = threading.Thread(
-            target=self._make, args=(model, index.source), name="shardcheck-session", daemon=True
+            target=self._make,
+            args=(model, model_path.resolve().parent, index.source),
+            name="shardcheck-session",
+            daemon=True,
         )
         self._thread.start()
 
-    def _make(self, model: bytes, source: str) -> None:
+    def _make(self, model: bytes, weights_dir: Path, source: str) -> None:
         try:
-            self._made.append(_session(model, source))
+            self._made.append(_session(model, weights_dir, source))
         except BaseException as exc:  # handed to the caller's thread by session()
             self._failed.append(exc)
 
@@ -469,9 +473,9 @@ class _Session:
         self.last: tuple[list[str], list[np.ndarray]] = ([], [])
 
 
-def _session(model: bytes, source: str) -> _Session:
+def _session(model: bytes, weights_dir: Path, source: str) -> _Session:
     try:
-        session = make_session(model)
+        session = make_session(model, weights_dir)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InputError(
             f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"
@@ -519,14 +523,15 @@ def _run(
 
 
 def _with_outputs(
-    index: GraphIndex, path: Path, extra: Iterable[str], serialized: bytes | None = None
+    index: GraphIndex, extra: Iterable[str], serialized: bytes | None = None
 ) -> bytes:
-    """The serialized model with ``extra`` tensors as outputs too, and its weights in it.
+    """The serialized model with ``extra`` tensors as outputs too; external weights stay in
+    their files (onnxruntime reads them there).
 
-    ``serialized``: the model's own bytes, when the file has them all (no external data). Then
-    nothing is serialized: protobuf merges a message read after another into it, appending to
-    repeated fields, so the file's bytes followed by a ModelProto holding only the new graph
-    outputs read as the model with those outputs added.
+    ``serialized``: the model file's own bytes, when it is a protobuf whose weights are all
+    inside it. Then nothing is serialized: protobuf merges a message read after another into
+    it, appending to repeated fields, so the file's bytes followed by a ModelProto holding only
+    the new graph outputs read as the model with those outputs added.
     """
     present = {o.name for o in index.model.graph.output}
     added = []
@@ -536,15 +541,13 @@ def _with_outputs(
             present.add(name)
     if serialized is not None:
         return serialized + onnx.ModelProto(graph=onnx.GraphProto(output=added)).SerializeToString()
-    model = with_external_weights(index, path)
-    outputs = model.graph.output
+    # The index's own model is lent: it gets the outputs for the time of the serialization.
+    outputs = index.model.graph.output
     declared = len(outputs)
     try:
         outputs.extend(added)
-        return model.SerializeToString()
+        return index.model.SerializeToString()
     finally:
-        # Without external weights the index's own model was lent (a copy of every inline
-        # weight saved): give it back as it was.
         del outputs[declared:]
 
 

@@ -41,3 +41,17 @@ def fixture_model() -> Any:
         return FIXTURES / f"{name}.onnx"
 
     return get
+
+
+def attention_nodes() -> list[Any]:
+    """One attention layer on ``x`` [seq, 4]: projections by the weights W_q, W_k and W_v,
+    scores against the transposed K (``k_T``, [4, seq]), softmax, context ``y`` [seq, 4]."""
+    from onnx import helper
+
+    return [
+        *(helper.make_node("MatMul", ["x", f"W_{p}"], [p], name=f"proj_{p}") for p in "qkv"),
+        helper.make_node("Transpose", ["k"], ["k_T"], name="t", perm=[1, 0]),
+        helper.make_node("MatMul", ["q", "k_T"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="context"),
+    ]

@@ -461,6 +461,30 @@ def _save_with_external_weights(directory: Path) -> tuple[Path, Path]:
     return path, directory / "external.onnx.data"
 
 
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda weights: weights.unlink(), "external weight file 'external.onnx.data' of tensor"),
+        (
+            lambda weights: weights.write_bytes(weights.read_bytes()[:-1]),
+            "of 'external.onnx.data', which has",
+        ),
+    ],
+    ids=["missing", "truncated"],
+)
+def test_verify_refuses_a_model_whose_weight_file_is_missing_or_short(
+    tmp_path: Path, damage: Callable[[Path], None], says: str
+) -> None:
+    """gen never reads the weights; verify runs the model, so it needs them whole. The file
+    is looked at before onnxruntime is asked to read it."""
+    model, weights = _save_with_external_weights(tmp_path)
+    damage(weights)
+    assert run_cli("gen", model, "-o", tmp_path / "h.json").exit_code == 0
+    for ranks in ([], ["--ranks", "2"]):
+        result = run_cli("verify", model, tmp_path / "h.json", *ranks)
+        assert_one_clean_error(result, names=str(model), says=says)
+
+
 # name -> (commands it applies to, where the output goes given (tmp, good inputs), says)
 OUTPUTS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict[str, Path]], str], str]] = {
     "missing-directory": (

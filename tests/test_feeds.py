@@ -135,7 +135,7 @@ def test_run_model_runs_on_the_cpu() -> None:
     assert outputs["output"].shape == (1, 6, 16)
 
 
-def test_sessions_run_the_graph_as_written_on_one_thread() -> None:
+def test_sessions_run_the_graph_as_written_on_one_thread_without_an_arena() -> None:
     import onnxruntime
 
     session = make_session((REAL / "ts_gpt2_tiny.onnx").read_bytes())
@@ -143,6 +143,7 @@ def test_sessions_run_the_graph_as_written_on_one_thread() -> None:
     assert options.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
     assert options.execution_mode == onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    assert not options.enable_cpu_mem_arena
 
 
 def test_without_graph_optimizations_the_outputs_are_onnxruntimes_usual_ones() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, run_cli
+from conftest import FIXTURES, GOLDEN, attention_nodes, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints, verify
@@ -489,15 +489,8 @@ def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
         numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"W_{x}")
         for x in "qkv"
     ]
-    nodes = [
-        *(helper.make_node("MatMul", ["x", f"W_{x}"], [x], name=f"proj_{x}") for x in "qkv"),
-        helper.make_node("Transpose", ["k"], ["k_T"], name="t", perm=[1, 0]),
-        helper.make_node("MatMul", ["q", "k_T"], ["s"], name="scores"),
-        helper.make_node("Softmax", ["s"], ["p"], name="softmax"),
-        helper.make_node("MatMul", ["p", "v"], ["y"], name="context"),
-    ]
     graph = helper.make_graph(
-        nodes,
+        attention_nodes(),
         "external",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4])],

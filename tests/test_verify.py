@@ -214,8 +214,8 @@ def test_the_watched_outputs_appended_to_the_files_bytes_make_the_same_model() -
     index = GraphIndex(parsed.model, source=str(BERT))
     extra = [index.nodes[i].outputs[0] for i in (3, 10, 3)]  # a repeat is added once
     extra.append(index.graph_outputs[0])  # already an output: not added again
-    appended = onnx.ModelProto.FromString(_with_outputs(index, BERT, extra, parsed.serialized))
-    serialized = onnx.ModelProto.FromString(_with_outputs(index, BERT, extra))
+    appended = onnx.ModelProto.FromString(_with_outputs(index, extra, parsed.serialized))
+    serialized = onnx.ModelProto.FromString(_with_outputs(index, extra))
     assert appended == serialized
     names = [o.name for o in appended.graph.output]
     assert names == [*index.graph_outputs, extra[0], extra[1]]
@@ -233,9 +233,9 @@ def test_a_slow_model_load_is_announced_on_the_progress_line(
     runtime = sys.modules["shardcheck.verify_runtime"]
     make = runtime._session
 
-    def slow_session(model: bytes, source: str) -> Any:
+    def slow_session(*args: Any) -> Any:
         time.sleep(1.3)
-        return make(model, source)
+        return make(*args)
 
     monkeypatch.setattr(runtime, "_session", slow_session)
     heard: list[str] = []
