@@ -18,7 +18,7 @@ Collectives always span all ranks; other ``groups`` or ``group_size`` are refuse
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,8 @@ REDUCERS = {
     "max": lambda stacked: stacked.max(axis=0),
     "avg": lambda stacked: stacked.mean(axis=0),
 }
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
 _ORT_NODE_NAME = re.compile(r"Name:'([^']+)'")
 _ORT_STATUS = re.compile(r"Status Message: (.*)$")
 # onnxruntime prefixes its messages with a source location and a C++ signature.
@@ -364,10 +366,16 @@ def _collective(node: onnx.NodeProto) -> _Collective:
 
 def _node_inputs(node: onnx.NodeProto) -> list[str]:
     """The inputs of a node, with the outer tensors its subgraphs (If, Loop, Scan) read."""
-    names = list(node.input)
+    names = node.input[:]
     for attribute in node.attribute:
-        subgraphs = [attribute.g] if attribute.HasField("g") else []
-        for graph in (*subgraphs, *attribute.graphs):
+        kind = attribute.type
+        if kind == _GRAPH:
+            graphs: Iterable[onnx.GraphProto] = (attribute.g,)
+        elif kind == _GRAPHS:
+            graphs = attribute.graphs
+        else:
+            continue
+        for graph in graphs:
             local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
             for inner in graph.node:
                 names.extend(n for n in _node_inputs(inner) if n and n not in local)
@@ -376,18 +384,23 @@ def _node_inputs(node: onnx.NodeProto) -> list[str]:
 
 
 def _toposorted(graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], list[list[str]]]:
-    """Copies of the nodes in a topological order (the graph's own where it is one), and what
-    each reads (``_node_inputs``); unnamed nodes get a name, so that onnxruntime's errors can
-    point at them."""
+    """The nodes in a topological order (the graph's own where it is one), and what each
+    reads (``_node_inputs``). An unnamed node is replaced by a named copy, so that
+    onnxruntime's errors can point at it."""
     nodes: list[onnx.NodeProto] = []
     for position, proto in enumerate(graph.node):
-        node = onnx.NodeProto()
-        node.CopyFrom(proto)
-        if not node.name:
-            node.name = f"<unnamed {node.op_type} #{position}>"
-        nodes.append(node)
+        if not proto.name:
+            named = onnx.NodeProto()
+            named.CopyFrom(proto)
+            named.name = f"<unnamed {proto.op_type} #{position}>"
+            proto = named
+        nodes.append(proto)
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
     reads = [_node_inputs(node) for node in nodes]
+    if all(
+        producer.get(name, -1) < position for position, names in enumerate(reads) for name in names
+    ):
+        return nodes, reads
     order: list[int] = []
     placed: set[int] = set()
     visiting: set[int] = set()

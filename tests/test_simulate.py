@@ -23,7 +23,7 @@ from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.generate import generate
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor, dumps
 from shardcheck.options import GenOptions
-from shardcheck.ranks import REDUCERS, RankSimulator
+from shardcheck.ranks import REDUCERS, RankSimulator, _toposorted
 from shardcheck.shard import shard_model
 from shardcheck.simulate import (
     ReferenceRun,
@@ -338,6 +338,31 @@ def test_sub_groups_are_refused(tmp_path: Path) -> None:
     hints = ShardHints(inputs=(ShardTensor("x", 0),), dist_collectives=DistCollective(groups=(0,)))
     with pytest.raises(InputError, match="the simulator runs collectives over all 2 ranks only"):
         RankSimulator(shard_model(index, hints), index.model, 2)
+
+
+def test_stages_are_planned_on_a_topological_order_with_every_node_named() -> None:
+    """The graph's own order when it is one (the nodes are kept, not copied); else a
+    topological one. An unnamed node is replaced by a named copy."""
+    nodes = [
+        helper.make_node("Relu", ["a"], ["b"], name="first"),
+        helper.make_node("Relu", ["b"], ["c"]),
+        helper.make_node("Relu", ["c"], ["d"], name="last"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])],
+    )
+    ordered, reads = _toposorted(graph)
+    assert [n.name for n in ordered] == ["first", "<unnamed Relu #1>", "last"]
+    assert ordered[0] is graph.node[0] and not graph.node[1].name
+    assert reads == [["a"], ["b"], ["c"]]
+
+    graph.node.reverse()  # last, unnamed, first: each reads what a later node makes
+    ordered, reads = _toposorted(graph)
+    assert [n.name for n in ordered] == ["first", "<unnamed Relu #1>", "last"]
+    assert reads == [["a"], ["b"], ["c"]]
 
 
 # --------------------------------------------------------------------------- cost
