@@ -63,13 +63,19 @@ def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return parsed.model
 
 
+def weights_dir(path: str | os.PathLike[str]) -> Path:
+    """Where a model's external weight files are: beside the file (links followed). Their
+    locations are relative to it."""
+    return Path(path).resolve().parent
+
+
 def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
     """Refuse (InputError) a model whose external weight files are missing or too short for
     the tensors they hold, before onnxruntime is asked to read them. Only verify and the
     simulation run models: gen never calls this. The files are looked at, not read."""
     if not index.external_locations():
         return
-    base = Path(path).resolve().parent
+    base = weights_dir(path)
     sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file)
     for tensor in external_tensors(index.model):
         entries = {entry.key: entry.value for entry in tensor.external_data}
@@ -100,8 +106,13 @@ def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
 def load_index(path: str | os.PathLike[str]) -> GraphIndex:
     parsed = parse_model(path)
     parsed.check()
+    return index_parsed(parsed)
+
+
+def index_parsed(parsed: ParsedModel) -> GraphIndex:
+    """The index of a parsed model, with the external weight files the parse found."""
     return GraphIndex(
-        parsed.model, source=str(path), external_locations=parsed.external_locations()
+        parsed.model, source=parsed.source, external_locations=parsed.external_locations()
     )
 
 
@@ -282,7 +293,7 @@ def _scan(model: onnx.ModelProto) -> _Scan:
 def _check_external_tensors(external: list[onnx.TensorProto], file: Path) -> None:
     if not external:
         return
-    base = file.resolve().parent
+    base = weights_dir(file)
     inside: dict[str, bool] = {}  # location -> inside the model's directory
     for tensor in external:
         _check_external_tensor(tensor, file, base, inside)

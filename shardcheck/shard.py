@@ -34,6 +34,7 @@ from shardcheck.errors import InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, output_target
 from shardcheck.graph import GraphIndex, external_locations
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
+from shardcheck.loader import weights_dir
 from shardcheck.shapes import ShapeInference
 
 COLLECTIVE_OP = "DistCollective"
@@ -338,7 +339,7 @@ def save_sharded_model(
     onnx refuses weight files with several links); an identical file already there is reused,
     a different one is an error, never overwritten. Returns the weight files copied.
     """
-    source_dir = Path(source).resolve().parent
+    source_dir = weights_dir(source)
     # Refuse a bad output path before a weight file is copied next to it.
     output_path, output_dir = output_target(output)
     output_dir = output_dir.resolve()

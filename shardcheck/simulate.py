@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from shardcheck.background import InBackground
 from shardcheck.budget import check_memory, check_weights
 from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError
@@ -35,7 +36,7 @@ from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import check_weight_files, load_index
+from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q, shard_model
@@ -162,7 +163,15 @@ class Simulation:
     ) -> None:
         _check_ranks(ranks)
         self.ranks = ranks
-        self.index = index = index if index is not None else load_index(model_path)
+        self._single_device: Any = None
+        self._single_device_making: InBackground[Any] | None = None
+        if index is None:
+            index = self._load(model_path)  # the parse refuses a bad path first
+        else:
+            check_weights(index)
+            check_weight_files(index, model_path)
+        self.index = index
+        self.weights_dir = weights_dir(model_path)
         if not isinstance(hints, ShardHints):
             hints_source, hints = str(hints), read_hints(hints)
         else:
@@ -172,14 +181,27 @@ class Simulation:
         if layers is None:
             layers = gathered_by_q(detect_attention(index, shapes))
         sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
-        check_weights(index)
-        check_weight_files(index, model_path)
         # The model as the file has it: external weights are read by onnxruntime, from their
         # files, in each session that needs them.
         self.model = index.model
-        self.weights_dir = Path(model_path).resolve().parent
         self.simulator = RankSimulator(sharded, self.model, ranks, self.weights_dir)
-        self._single_device: Any = None
+
+    def _load(self, model_path: str | os.PathLike[str]) -> GraphIndex:
+        """The model's index. The session of the single-device run (the reference, unless
+        the caller has one) is made in the background from here on, while the model is
+        checked, analysed and sharded: making it is most of that run's cost."""
+        parsed = parse_model(model_path, keep_bytes=True)
+        index = index_parsed(parsed)
+        check_weights(index)
+        check_weight_files(index, model_path)
+        self._single_device_making = InBackground(
+            "shardcheck-single-device",
+            make_session,
+            parsed.serialized or index.model.SerializeToString(),
+            weights_dir(model_path),
+        )
+        parsed.check()
+        return index
 
     def run(
         self,
@@ -236,7 +258,12 @@ class Simulation:
         names = list(self.index.graph_outputs)
         try:
             if self._single_device is None:
-                self._single_device = make_session(self.model, self.weights_dir)
+                making = self._single_device_making
+                self._single_device = (
+                    making.result()
+                    if making is not None
+                    else make_session(self.model, self.weights_dir)
+                )
             values = self._single_device.run(names, dict(feeds))
         except ort_errors() as error:
             chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"

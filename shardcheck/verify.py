@@ -30,7 +30,7 @@ from shardcheck.feeds import (
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import parse_model
+from shardcheck.loader import index_parsed, parse_model
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q
@@ -86,7 +86,7 @@ def verify(
     hints_source = "<hints>" if isinstance(hints, ShardHints) else str(hints)
     hints = hints if isinstance(hints, ShardHints) else read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
-    index = GraphIndex(parsed.model, source=str(model_path))
+    index = index_parsed(parsed)
     # onnxruntime loads the model while the checker and the analysis run (the session is only
     # used once both have passed); the weights must fit first.
     check_weights(index)

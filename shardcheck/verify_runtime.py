@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 import onnx
 
+from shardcheck.background import InBackground
 from shardcheck.budget import check_memory
 from shardcheck.detect import AttentionLayer
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
-from shardcheck.loader import check_weight_files
+from shardcheck.loader import check_weight_files, weights_dir
 from shardcheck.report import ERROR, INFO, WARNING, Report
 from shardcheck.shapes import ShapeInference
 
@@ -419,7 +420,7 @@ def watched_tensors(
 
 
 class PendingSession:
-    """The onnxruntime session of the runs, made in another thread from the start.
+    """The onnxruntime session of the runs, made in the background from the start.
 
     Making the session (loading the model, making its kernels) is most of verify's onnxruntime
     time, and onnxruntime releases the GIL while it does it: the analysis (shape inference,
@@ -438,32 +439,15 @@ class PendingSession:
         extra = [name for name in watched if name not in index.graph_inputs]
         check_weight_files(index, model_path)
         model = _with_outputs(index, extra, serialized)
-        self._made: list[_Session] = []
-        self._failed: list[BaseException] = []
-        # A daemon thread: an error found meanwhile is reported without waiting for it.
-        self._thread = threading.Thread(
-            target=self._make,
-            args=(model, model_path.resolve().parent, index.source),
-            name="shardcheck-session",
-            daemon=True,
+        self._making = InBackground(
+            "shardcheck-session", _session, model, weights_dir(model_path), index.source
         )
-        self._thread.start()
-
-    def _make(self, model: bytes, weights_dir: Path, source: str) -> None:
-        try:
-            self._made.append(_session(model, weights_dir, source))
-        except BaseException as exc:  # handed to the caller's thread by session()
-            self._failed.append(exc)
 
     def session(self, progress: Progress | None = None) -> _Session:
         """The session, once made; ``progress`` hears when that takes more than a second."""
-        self._thread.join(timeout=None if progress is None else 1.0)
-        if self._thread.is_alive() and progress is not None:
+        if progress is not None and not self._making.wait(1.0):
             progress("onnxruntime is still loading the model...")
-            self._thread.join()
-        if self._failed:
-            raise self._failed[0]
-        return self._made[0]
+        return self._making.result()
 
 
 class _Session:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from conftest import FIXTURES, GOLDEN, attention_nodes, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints, verify
+from shardcheck.background import InBackground
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.generate import generate
@@ -394,6 +396,45 @@ def test_the_happy_path_runs_each_stage_once_per_rank_and_nothing_else() -> None
     result = simulate(REAL / f"{name}.onnx", hints, ranks=ranks, seq_len=8)
     assert_match(result)
     assert result.session_runs == simulator.session_runs + 1
+
+
+def test_the_single_device_session_is_made_while_the_model_is_analysed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a reference from the caller, the single-device run is the reference; its
+    session (about one inference of the model) is made in a background thread that starts
+    before shape inference, detection and sharding, which run meanwhile."""
+    import sys
+    import threading
+
+    module = sys.modules["shardcheck.simulate"]
+    events: list[tuple[str, str]] = []
+    real_session, real_shapes = module.make_session, module.ShapeInference
+
+    def session(*args: Any) -> Any:
+        events.append(("session", threading.current_thread().name))
+        return real_session(*args)
+
+    def shapes(*args: Any) -> Any:
+        events.append(("shapes", threading.current_thread().name))
+        return real_shapes(*args)
+
+    monkeypatch.setattr(module, "make_session", session)
+    monkeypatch.setattr(module, "ShapeInference", shapes)
+    name = "ts_gpt2_tiny"
+    assert_match(simulate(REAL / f"{name}.onnx", frontier_hints(name), ranks=2, seq_len=8))
+    main = threading.main_thread().name
+    assert events[0] == ("session", "shardcheck-single-device")
+    assert ("shapes", main) in events[1:]
+    assert [kind for kind, _ in events].count("session") == 1  # the stages' are ranks.py's
+
+
+def test_a_background_call_hands_its_value_or_its_exception_to_the_caller() -> None:
+    assert InBackground("t", sum, [1, 2, 3]).result() == 6
+    failing = InBackground("t", int, "not a number")
+    assert failing.wait(10.0)
+    with pytest.raises(ValueError, match="not a number"):
+        failing.result()
 
 
 def test_a_simulation_serves_several_lengths_with_the_sessions_made_once() -> None:
