@@ -18,7 +18,8 @@ Collectives always span all ranks; other ``groups`` or ``group_size`` are refuse
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from shardcheck.background import InBackground
+from shardcheck.dtypes import infer_elem_types
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_session
 from shardcheck.shard import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
@@ -39,6 +42,8 @@ REDUCERS = {
     "max": lambda stacked: stacked.max(axis=0),
     "avg": lambda stacked: stacked.mean(axis=0),
 }
+# Workers that make stage sessions ahead (onnxruntime makes them without the GIL).
+AHEAD_WORKERS = 2
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _ORT_NODE_NAME = re.compile(r"Name:'([^']+)'")
@@ -58,6 +63,16 @@ class RankFailure(Exception):
 
 
 @dataclass
+class _Ahead:
+    """A stage's session made ahead of the runs by a worker, for inputs of ``types``."""
+
+    types: dict[str, int]
+    state: str = "pending"  # -> "making" (a worker took it) or "skipped" (the runs did)
+    done: threading.Event = field(default_factory=threading.Event)
+    session: Any = None
+
+
+@dataclass
 class _Stage:
     level: int
     nodes: list[onnx.NodeProto]
@@ -66,6 +81,7 @@ class _Stage:
     outputs: list[str]  # what later stages, collectives or the graph outputs read
     produced: list[str]  # every tensor the stage makes (the diagnostic outputs)
     sessions: dict[tuple[frozenset[str], bool], Any] = field(default_factory=dict)
+    ahead: _Ahead | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,8 @@ class RankSimulator:
         self.steps = self._plan({i.name for i in graph.input}, [o.name for o in graph.output])
         self._check_groups()
         self.session_runs = 0
+        self._ahead_lock = threading.Lock()
+        self._make_sessions_ahead(graph)
 
     @property
     def stage_count(self) -> int:
@@ -193,6 +211,66 @@ class RankSimulator:
                     f"simulator runs collectives over all {self.ranks} ranks only"
                 )
 
+    def _make_sessions_ahead(self, graph: onnx.GraphProto) -> None:
+        """Make the stages' sessions in background workers, side by side, before the runs
+        ask for them: the input types of a stage are inferred (dtypes.py) instead of read
+        from the values of the stages before it. A stage with an input of unknown type is
+        left to the runs, which make its session when they reach it, as they do when the
+        values they have are not of the types a session was made for."""
+        known = {name: tensor.data_type for name, tensor in self.weights.items()}
+        known.update(
+            (i.name, i.type.tensor_type.elem_type)
+            for i in graph.input
+            if i.type.tensor_type.elem_type
+        )
+        types = infer_elem_types(self.nodes, known, same_as_input=COLLECTIVE_OP)
+        queue = []
+        for step in self.steps:
+            if isinstance(step, _Stage) and all(name in types for name in step.inputs):
+                step.ahead = _Ahead({name: types[name] for name in step.inputs})
+                queue.append(step)
+        pending = iter(queue)
+        for worker in range(min(AHEAD_WORKERS, len(queue))):
+            InBackground(f"shardcheck-stages-{worker}", self._make_ahead, pending)
+
+    def _make_ahead(self, pending: Iterator[_Stage]) -> None:
+        """One worker: the sessions of the stages no one has taken yet, in order."""
+        while (stage := self._claim(pending)) is not None:
+            ahead = stage.ahead
+            assert ahead is not None
+            try:
+                declared = {name: (elem, None) for name, elem in ahead.types.items()}
+                model = self._stage_model(stage, frozenset(), declared, stage.outputs)
+                ahead.session = make_session(model, self.weights_dir)
+            except Exception:  # the runs make this stage's session again, and report its error
+                ahead.session = None
+            finally:
+                ahead.done.set()
+
+    def _claim(self, pending: Iterator[_Stage]) -> _Stage | None:
+        with self._ahead_lock:
+            for stage in pending:
+                if stage.ahead is not None and stage.ahead.state == "pending":
+                    stage.ahead.state = "making"
+                    return stage
+        return None
+
+    def _ahead_session(self, stage: _Stage, feeds: Mapping[str, np.ndarray]) -> Any:
+        """The stage's session made ahead, if one was and ``feeds`` have the types it was
+        made for; else None (a stage no worker has taken yet is left to the caller)."""
+        ahead = stage.ahead
+        if ahead is None:
+            return None
+        with self._ahead_lock:
+            if ahead.state == "pending":
+                ahead.state = "skipped"
+                return None
+        ahead.done.wait()
+        for name, elem in ahead.types.items():
+            if helper.np_dtype_to_tensor_dtype(feeds[name].dtype) != elem:
+                return None
+        return ahead.session
+
     # ----------------------------------------------------------------- running
 
     def run(self, feeds: Mapping[str, np.ndarray], *, diagnostic: bool = False) -> RankValues:
@@ -258,10 +336,13 @@ class RankSimulator:
         outputs = [name for name in wanted if name not in cut]
         try:
             session = stage.sessions.get((removed, diagnostic))
+            if session is None and not removed and not diagnostic:
+                session = self._ahead_session(stage, feeds)
             if session is None:
-                model = self._stage_model(stage, removed, feeds, outputs)
+                declared = {name: (_elem_type(value), value.ndim) for name, value in feeds.items()}
+                model = self._stage_model(stage, removed, declared, outputs)
                 session = make_session(model, self.weights_dir)
-                stage.sessions[(removed, diagnostic)] = session
+            stage.sessions[(removed, diagnostic)] = session
             self.session_runs += 1
             values = session.run(outputs, feeds)
         except ort_errors() as error:
@@ -276,20 +357,19 @@ class RankSimulator:
         self,
         stage: _Stage,
         removed: frozenset[str],
-        feeds: Mapping[str, np.ndarray],
+        declared: Mapping[str, tuple[int, int | None]],
         outputs: list[str],
     ) -> onnx.ModelProto:
+        """The stage as a model; ``declared``: each input's element type and rank (None:
+        any rank)."""
         kept = [i for i, node in enumerate(stage.nodes) if node.name not in removed]
         nodes = [stage.nodes[i] for i in kept]
         used = {name for i in kept for name in stage.reads[i]}
-        inputs = [
-            helper.make_tensor_value_info(
-                name,
-                helper.np_dtype_to_tensor_dtype(feeds[name].dtype),
-                [None] * feeds[name].ndim,
-            )
-            for name in stage.inputs
-        ]
+        inputs = []
+        for name in stage.inputs:
+            elem, ndim = declared[name]
+            shape = None if ndim is None else [None] * ndim
+            inputs.append(helper.make_tensor_value_info(name, elem, shape))
         graph = helper.make_graph(
             nodes,
             f"stage_{stage.level}",
@@ -362,6 +442,10 @@ def _collective(node: onnx.NodeProto) -> _Collective:
     if len(node.input) != 1 or len(node.output) != 1:
         raise InputError(f"{where}: a DistCollective has one input and one output")
     return _Collective(node, operation, reduce_op)
+
+
+def _elem_type(value: np.ndarray) -> int:
+    return helper.np_dtype_to_tensor_dtype(value.dtype)
 
 
 def _node_inputs(node: onnx.NodeProto) -> list[str]:

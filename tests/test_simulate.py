@@ -437,6 +437,77 @@ def test_a_background_call_hands_its_value_or_its_exception_to_the_caller() -> N
         failing.result()
 
 
+def _stages(simulator: RankSimulator) -> list[Any]:
+    return [step for step in simulator.steps if hasattr(step, "sessions")]
+
+
+def test_stage_sessions_are_made_ahead_by_workers_and_used_by_the_runs() -> None:
+    name = "ts_gpt2_tiny"
+    hints = frontier_hints(name)
+    index = load_index(REAL / f"{name}.onnx")
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    stages = _stages(simulator)
+    # Every stage's inputs are typed (the rules cover the export): workers make them all.
+    assert all(stage.ahead is not None for stage in stages)
+    assert all(stage.ahead.done.wait(60.0) for stage in stages)
+    assert all(stage.ahead.session is not None for stage in stages)
+    feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
+    values = simulator.run(feeds)
+    assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
+    assert all(stage.sessions == {(frozenset(), False): stage.ahead.session} for stage in stages)
+
+
+def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The inferred types only decide which sessions can be made early: a session made for
+    other types than the values have is not used, and the runs make the stage's session."""
+    import sys
+
+    module = sys.modules["shardcheck.ranks"]
+    infer = module.infer_elem_types
+
+    def wrong_for_ints(*args: Any, **kwargs: Any) -> dict[str, int]:
+        types = infer(*args, **kwargs)
+        return {n: TensorProto.INT32 if t == TensorProto.INT64 else t for n, t in types.items()}
+
+    monkeypatch.setattr(module, "infer_elem_types", wrong_for_ints)
+    name = "ts_gpt2_tiny"
+    hints = frontier_hints(name)
+    index = load_index(REAL / f"{name}.onnx")
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
+    values = simulator.run(feeds)
+    assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
+    remade = [
+        stage
+        for stage in _stages(simulator)
+        if TensorProto.INT32 in stage.ahead.types.values()
+        and stage.sessions[(frozenset(), False)] is not stage.ahead.session
+    ]
+    assert remade  # the stage reading input_ids at least
+
+
+def test_a_stage_a_worker_cannot_make_is_made_by_the_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import threading
+
+    module = sys.modules["shardcheck.ranks"]
+    make = module.make_session
+
+    def only_in_the_main_thread(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("no session from a worker")
+        return make(*args)
+
+    monkeypatch.setattr(module, "make_session", only_in_the_main_thread)
+    name = "ts_gpt2_tiny"
+    result = simulate(REAL / f"{name}.onnx", frontier_hints(name), ranks=2, seq_len=8)
+    assert_match(result)
+
+
 def test_a_simulation_serves_several_lengths_with_the_sessions_made_once() -> None:
     """verify simulates at each of its lengths: the sharded model, its stage sessions and the
     single-device session are made once; each length only runs them."""
