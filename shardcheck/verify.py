@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shardcheck.budget import check_weights
 from shardcheck.detect import AttentionLayer, detect_attention, layer_tensors
-from shardcheck.errors import InputError
+from shardcheck.errors import InputError, ShardcheckError
 from shardcheck.feeds import (
     BATCH_DIM_DEFAULT,
     BATCH_LIKE,
@@ -101,16 +101,27 @@ def verify(
     check_static(index, shapes, hints, layers, report)
     choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
     runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
+    # The simulation is prepared now, while onnxruntime is still making the session of the
+    # runs: its stage sessions are made in the background beside it. It is used (and an error
+    # in preparing it reported) only if the model runs.
+    simulation: Simulation | ShardcheckError | None = None
+    if ranks is not None:
+        try:
+            simulation = Simulation(
+                model_path,
+                hints,
+                ranks=ranks,
+                index=index,
+                layers=gathered_by_q(layers),
+                shapes=shapes,
+            )
+        except ShardcheckError as error:
+            simulation = error
     runtime.run(pending, list(seq_lens), choose)
     if ranks is not None and runtime.ran:
-        simulation = Simulation(
-            model_path,
-            hints,
-            ranks=ranks,
-            index=index,
-            layers=gathered_by_q(layers),
-            shapes=shapes,
-        )
+        if isinstance(simulation, ShardcheckError):
+            raise simulation
+        assert simulation is not None
         settings = _SimulationSettings(ranks, rtol, atol, seed)
         _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
     return report

@@ -7,10 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 from conftest import ANCHORS, FIXTURES, GOLDEN, read_json, run_cli
+from onnx import TensorProto, helper
 
 from shardcheck import GraphIndex, verify
+from shardcheck.errors import InputError
+from shardcheck.hints import DistCollective, ShardHints, ShardTensor
 
 REAL = FIXTURES / "real"
 BERT = REAL / "ts_bert_tiny.onnx"
@@ -242,3 +246,46 @@ def test_a_slow_model_load_is_announced_on_the_progress_line(
     report = verify(FIXTURES / "attention.onnx", GOLDEN / "attention.json", progress=heard.append)
     assert report.ok
     assert heard[0] == "onnxruntime is still loading the model..."
+
+
+def _reshaping_model(directory: Path, length: int | None) -> Path:
+    """x [s, 3] -> Reshape -> y; with ``length``, the Reshape's target holds it (the model
+    runs at that length only), else it follows x's own shape."""
+    target = [length, 3] if length is not None else [-1, 3]
+    nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            ["target"],
+            value=helper.make_tensor("target", TensorProto.INT64, [2], target),
+        ),
+        helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reshaping",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s", 3])],
+    )
+    path = directory / f"reshaping_{length}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_simulation_that_cannot_be_prepared_is_reported_only_if_the_model_runs(
+    tmp_path: Path,
+) -> None:
+    """verify prepares the simulation before its runs (its sessions are made meanwhile); an
+    error in preparing it is the outcome only when the runs leave something to simulate."""
+    hints = ShardHints(
+        inputs=(ShardTensor("x", 0),),
+        outputs=(ShardTensor("y", 0),),
+        dist_collectives=DistCollective(groups=(0,)),  # sub-groups cannot be simulated
+    )
+    with pytest.raises(InputError, match="the simulator runs collectives over all 2 ranks"):
+        verify(_reshaping_model(tmp_path, None), hints, ranks=2)
+
+    report = verify(_reshaping_model(tmp_path, 4), hints, ranks=2)
+    assert not report.ok
+    assert {"SC001", "SC002"} & {finding.code for finding in report.errors}
+    assert not any(run.get("simulation") for run in report.runs)
