@@ -266,9 +266,8 @@ class RankSimulator:
                 ahead.state = "skipped"
                 return None
         ahead.done.wait()
-        for name, elem in ahead.types.items():
-            if helper.np_dtype_to_tensor_dtype(feeds[name].dtype) != elem:
-                return None
+        if any(_elem_type(feeds[name]) != elem for name, elem in ahead.types.items()):
+            return None
         return ahead.session
 
     # ----------------------------------------------------------------- running
