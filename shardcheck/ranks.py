@@ -255,6 +255,14 @@ class RankSimulator:
                     return stage
         return None
 
+    def stop_making_ahead(self) -> None:
+        """The workers take no more stages (the simulation will not run): the sessions being
+        made are finished, the rest are left to runs that may still come."""
+        with self._ahead_lock:
+            for step in self.steps:
+                if isinstance(step, _Stage) and step.ahead and step.ahead.state == "pending":
+                    step.ahead.state = "skipped"
+
     def _ahead_session(self, stage: _Stage, feeds: Mapping[str, np.ndarray]) -> Any:
         """The stage's session made ahead, if one was and ``feeds`` have the types it was
         made for; else None (a stage no worker has taken yet is left to the caller)."""
@@ -262,7 +270,7 @@ class RankSimulator:
         if ahead is None:
             return None
         with self._ahead_lock:
-            if ahead.state == "pending":
+            if ahead.state != "making":  # no worker has it, nor will: the caller makes it
                 ahead.state = "skipped"
                 return None
         ahead.done.wait()

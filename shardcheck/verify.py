@@ -118,6 +118,8 @@ def verify(
         except ShardcheckError as error:
             simulation = error
     runtime.run(pending, list(seq_lens), choose)
+    if isinstance(simulation, Simulation) and not runtime.ran:
+        simulation.simulator.stop_making_ahead()
     if ranks is not None and runtime.ran:
         if isinstance(simulation, ShardcheckError):
             raise simulation

@@ -457,6 +457,39 @@ def test_stage_sessions_are_made_ahead_by_workers_and_used_by_the_runs() -> None
     assert all(stage.sessions == {(frozenset(), False): stage.ahead.session} for stage in stages)
 
 
+def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verify stops the workers of a simulation it will not run (the model did not run)."""
+    import sys
+    import threading
+
+    module = sys.modules["shardcheck.ranks"]
+    make = module.make_session
+    release = threading.Event()
+
+    def held_in_workers(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(60.0)
+        return make(*args)
+
+    monkeypatch.setattr(module, "make_session", held_in_workers)
+    name = "ts_gpt2_tiny"
+    hints = frontier_hints(name)
+    index = load_index(REAL / f"{name}.onnx")
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    stages = _stages(simulator)
+    simulator.stop_making_ahead()  # each worker holds the one stage it took
+    release.set()
+    taken = [stage for stage in stages if stage.ahead.state == "making"]
+    assert len(taken) == module.AHEAD_WORKERS < len(stages)
+    assert all(stage.ahead.done.wait(60.0) for stage in taken)
+    assert all(stage.ahead.state == "skipped" for stage in stages if stage not in taken)
+    feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
+    values = simulator.run(feeds)
+    assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
+
+
 def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
