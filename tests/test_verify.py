@@ -289,3 +289,49 @@ def test_a_simulation_that_cannot_be_prepared_is_reported_only_if_the_model_runs
     assert not report.ok
     assert {"SC001", "SC002"} & {finding.code for finding in report.errors}
     assert not any(run.get("simulation") for run in report.runs)
+
+
+LEFT_RUNNING = """
+import sys
+from onnx import TensorProto, helper
+from shardcheck.background import InBackground
+from shardcheck.cli import main
+from shardcheck.feeds import make_session
+
+nodes = [
+    helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < 19999 else "y"])
+    for i in range(20000)
+]
+info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None]) for n in ("x", "y")]
+graph = helper.make_graph(nodes, "chain", info[:1], info[1:])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+data = model.SerializeToString()
+kept = make_session(data)
+for name in ("a", "b"):  # still loading when the command ends
+    InBackground(name, make_session, data)
+sys.argv = ["shardcheck", "verify", sys.argv[1], sys.argv[2]]
+main()
+"""
+
+
+def test_the_exit_code_is_the_verdicts_while_onnxruntime_still_works_in_the_background() -> None:
+    """Sessions being made in background threads when the command ends (a simulation that
+    will not run, verify's own on an early error) must not crash the process on its way out:
+    the interpreter's teardown under them segfaulted or aborted (exit 139 or 134)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LEFT_RUNNING,
+            str(FIXTURES / "attention.onnx"),
+            str(GOLDEN / "attention.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert "PASS" in done.stdout

@@ -6,6 +6,7 @@ line on stderr, ``shardcheck: error: ...``; ``--debug`` shows the traceback as w
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
@@ -130,4 +131,13 @@ def cli(debug: bool) -> None:
 
 
 def main() -> None:
-    cli.main()
+    """The console command. It leaves without the interpreter's teardown: onnxruntime may
+    still be making a session in a background thread (verify's, or a simulation's that will
+    not run), and tearing the runtime down under it crashes the process (a segfault or
+    "terminate called without an active exception"), whose exit code would replace the
+    verdict's. Everything it writes is flushed or closed first."""
+    code = cli.main(standalone_mode=False)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (| head) says no more
+            stream.flush()
+    os._exit(code)
