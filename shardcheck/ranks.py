@@ -256,12 +256,18 @@ class RankSimulator:
         return None
 
     def stop_making_ahead(self) -> None:
-        """The workers take no more stages (the simulation will not run): the sessions being
-        made are finished, the rest are left to runs that may still come."""
+        """The workers take no more stages (the simulation will not run), and the sessions
+        they are making are waited for: no onnxruntime work is left running in the background
+        (a process that ends under it crashes). The rest are left to runs that may still
+        come."""
         with self._ahead_lock:
-            for step in self.steps:
-                if isinstance(step, _Stage) and step.ahead and step.ahead.state == "pending":
-                    step.ahead.state = "skipped"
+            aheads = [step.ahead for step in self.steps if isinstance(step, _Stage) and step.ahead]
+            for ahead in aheads:
+                if ahead.state == "pending":
+                    ahead.state = "skipped"
+        for ahead in aheads:
+            if ahead.state == "making":
+                ahead.done.wait()
 
     def _ahead_session(self, stage: _Stage, feeds: Mapping[str, np.ndarray]) -> Any:
         """The stage's session made ahead, if one was and ``feeds`` have the types it was

@@ -409,7 +409,11 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
 
     module = sys.modules["shardcheck.simulate"]
     events: list[tuple[str, str]] = []
-    real_session, real_shapes = module.make_session, module.ShapeInference
+    real_session, real_shapes, real_background = (
+        module.make_session,
+        module.ShapeInference,
+        module.InBackground,
+    )
 
     def session(*args: Any) -> Any:
         events.append(("session", threading.current_thread().name))
@@ -419,14 +423,22 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
         events.append(("shapes", threading.current_thread().name))
         return real_shapes(*args)
 
+    def background(name: str, *args: Any) -> Any:
+        events.append(("started", name))
+        return real_background(name, *args)
+
     monkeypatch.setattr(module, "make_session", session)
     monkeypatch.setattr(module, "ShapeInference", shapes)
+    monkeypatch.setattr(module, "InBackground", background)
     name = "ts_gpt2_tiny"
     assert_match(simulate(REAL / f"{name}.onnx", frontier_hints(name), ranks=2, seq_len=8))
     main = threading.main_thread().name
-    assert events[0] == ("session", "shardcheck-single-device")
-    assert ("shapes", main) in events[1:]
-    assert [kind for kind, _ in events].count("session") == 1  # the stages' are ranks.py's
+    started = events.index(("started", "shardcheck-single-device"))
+    assert started < events.index(("shapes", main))
+    # One session, made in that thread (the stages' are ranks.py's).
+    assert [event for event in events if event[0] == "session"] == [
+        ("session", "shardcheck-single-device")
+    ]
 
 
 def test_a_background_call_hands_its_value_or_its_exception_to_the_caller() -> None:
@@ -460,16 +472,19 @@ def test_stage_sessions_are_made_ahead_by_workers_and_used_by_the_runs() -> None
 def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """verify stops the workers of a simulation it will not run (the model did not run)."""
+    """verify stops the workers of a simulation it will not run (the model did not run); the
+    sessions they are making are waited for, so that no onnxruntime work is left running."""
     import sys
     import threading
 
     module = sys.modules["shardcheck.ranks"]
     make = module.make_session
     release = threading.Event()
+    holding = threading.Semaphore(0)
 
     def held_in_workers(*args: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
+            holding.release()
             release.wait(60.0)
         return make(*args)
 
@@ -479,11 +494,13 @@ def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
     index = load_index(REAL / f"{name}.onnx")
     simulator = RankSimulator(shard_model(index, hints), index.model, 2)
     stages = _stages(simulator)
-    simulator.stop_making_ahead()  # each worker holds the one stage it took
-    release.set()
+    assert all(holding.acquire(timeout=60.0) for _ in range(module.AHEAD_WORKERS))
+    threading.Timer(0.5, release.set).start()
+    simulator.stop_making_ahead()  # each worker holds the one stage it took, till released
+    assert release.is_set()  # it waited for them
     taken = [stage for stage in stages if stage.ahead.state == "making"]
     assert len(taken) == module.AHEAD_WORKERS < len(stages)
-    assert all(stage.ahead.done.wait(60.0) for stage in taken)
+    assert all(stage.ahead.done.is_set() for stage in taken)
     assert all(stage.ahead.state == "skipped" for stage in stages if stage not in taken)
     feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
     values = simulator.run(feeds)
