@@ -165,6 +165,24 @@ class Simulation:
         self.ranks = ranks
         self._single_device: Any = None
         self._single_device_making: InBackground[Any] | None = None
+        try:
+            self._prepare(model_path, hints, ranks, index, layers, shapes)
+        except Exception:
+            # No onnxruntime work is left running behind an error: a process that ends while
+            # a session is being made crashes.
+            if self._single_device_making is not None:
+                self._single_device_making.wait()
+            raise
+
+    def _prepare(
+        self,
+        model_path: str | os.PathLike[str],
+        hints: ShardHints | str | os.PathLike[str],
+        ranks: int,
+        index: GraphIndex | None,
+        layers: dict[str, list[tuple[str, str]]] | None,
+        shapes: ShapeInference | None,
+    ) -> None:
         if index is None:
             index = self._load(model_path)  # the parse refuses a bad path first
         else:

@@ -93,40 +93,58 @@ def verify(
     early = {layer.q: layer for layer in layer_tensors(index)}
     watched = watched_tensors(index, hints, early)
     pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
-    parsed.check()
-
-    shapes = ShapeInference(index)
-    layers = detect_attention(index, shapes)
-    by_q = {layer.q: layer for layer in layers}
-    check_static(index, shapes, hints, layers, report)
-    choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
-    runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
-    # The simulation is prepared now, while onnxruntime is still making the session of the
-    # runs: its stage sessions are made in the background beside it. It is used (and an error
-    # in preparing it reported) only if the model runs.
     simulation: Simulation | ShardcheckError | None = None
-    if ranks is not None:
-        try:
-            simulation = Simulation(
-                model_path,
-                hints,
-                ranks=ranks,
-                index=index,
-                layers=gathered_by_q(layers),
-                shapes=shapes,
-            )
-        except ShardcheckError as error:
-            simulation = error
-    runtime.run(pending, list(seq_lens), choose)
-    if isinstance(simulation, Simulation) and not runtime.ran:
-        simulation.simulator.stop_making_ahead()
-    if ranks is not None and runtime.ran:
-        if isinstance(simulation, ShardcheckError):
-            raise simulation
-        assert simulation is not None
-        settings = _SimulationSettings(ranks, rtol, atol, seed)
-        _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
+    try:
+        parsed.check()
+        shapes = ShapeInference(index)
+        layers = detect_attention(index, shapes)
+        by_q = {layer.q: layer for layer in layers}
+        check_static(index, shapes, hints, layers, report)
+        choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
+        runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
+        if ranks is not None:
+            simulation = _prepared_simulation(model_path, hints, ranks, index, layers, shapes)
+        runtime.run(pending, list(seq_lens), choose)
+        if isinstance(simulation, Simulation) and not runtime.ran:
+            simulation.simulator.stop_making_ahead()
+        if ranks is not None and runtime.ran:
+            if isinstance(simulation, ShardcheckError):
+                raise simulation
+            assert simulation is not None
+            settings = _SimulationSettings(ranks, rtol, atol, seed)
+            _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
+    except Exception:
+        # No onnxruntime work is left running behind an error: a process that ends while a
+        # session is being made crashes.
+        pending.settle()
+        if isinstance(simulation, Simulation):
+            simulation.simulator.stop_making_ahead()
+        raise
     return report
+
+
+def _prepared_simulation(
+    model_path: str | os.PathLike[str],
+    hints: ShardHints,
+    ranks: int,
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    shapes: ShapeInference,
+) -> Simulation | ShardcheckError:
+    """The simulation, prepared while onnxruntime is still making the session of verify's own
+    runs (its stage sessions are made in the background beside it). It is used, and an error in
+    preparing it reported, only if the model runs."""
+    try:
+        return Simulation(
+            model_path,
+            hints,
+            ranks=ranks,
+            index=index,
+            layers=gathered_by_q(layers),
+            shapes=shapes,
+        )
+    except ShardcheckError as error:
+        return error
 
 
 def _dim_chooser(

@@ -443,6 +443,11 @@ class PendingSession:
             "shardcheck-session", _session, model, weights_dir(model_path), index.source
         )
 
+    def settle(self) -> None:
+        """Wait until onnxruntime has made the session, or failed to (its error is not
+        raised here)."""
+        self._making.wait()
+
     def session(self, progress: Progress | None = None) -> _Session:
         """The session, once made; ``progress`` hears when that takes more than a second."""
         if progress is not None and not self._making.wait(1.0):

@@ -335,3 +335,48 @@ def test_the_exit_code_is_the_verdicts_while_onnxruntime_still_works_in_the_back
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])
     assert "PASS" in done.stdout
+
+
+def _slowed(monkeypatch: pytest.MonkeyPatch, module_name: str, function: str) -> None:
+    """Make ``module.function`` (a session maker) take a second more."""
+    import sys
+    import time
+
+    module = sys.modules[module_name]
+    make = getattr(module, function)
+
+    def slow(*args: Any) -> Any:
+        time.sleep(1.0)
+        return make(*args)
+
+    monkeypatch.setattr(module, function, slow)
+
+
+def _alive(name: str) -> bool:
+    import threading
+
+    return any(thread.name == name and thread.is_alive() for thread in threading.enumerate())
+
+
+def test_an_error_leaves_no_session_being_made_behind_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify starts onnxruntime before the checker has spoken; when the checker refuses the
+    model, verify waits for that session before raising (a process that ends while one is
+    being made crashes). Same for the simulation's single-device session."""
+    model = onnx.load(str(FIXTURES / "attention.onnx"))
+    model.graph.node[1].name = model.graph.node[0].name = "twice"  # refused by the checks
+    path = tmp_path / "duplicate_names.onnx"
+    onnx.save(model, path)
+    _slowed(monkeypatch, "shardcheck.verify_runtime", "_session")
+    with pytest.raises(InputError, match="twice"):
+        verify(path, GOLDEN / "attention.json")
+    assert not _alive("shardcheck-session")
+
+    from shardcheck.simulate import simulate
+
+    _slowed(monkeypatch, "shardcheck.simulate", "make_session")
+    wrong = ShardHints(inputs=(ShardTensor("no_such_tensor", 0),))
+    with pytest.raises(InputError, match="no_such_tensor"):
+        simulate(FIXTURES / "attention.onnx", wrong, ranks=2, seq_len=8)
+    assert not _alive("shardcheck-single-device")
