@@ -232,7 +232,23 @@ class Simulation:
         reference: ReferenceRun | None = None,
     ) -> SimulationResult:
         """Run the ranks at ``seq_len`` and compare their outputs with the single-device run
-        (``reference`` when it was made with the same dims and seed)."""
+        (``reference`` when it was made with the same dims and seed). Afterwards no stage
+        session is left being made ahead: a run that stopped early (a mismatch, an error)
+        does not leave onnxruntime working behind it."""
+        try:
+            return self._run(seq_len, dims, rtol, atol, seed, reference)
+        finally:
+            self.simulator.stop_making_ahead()
+
+    def _run(
+        self,
+        seq_len: int,
+        dims: Mapping[str, int] | None,
+        rtol: float,
+        atol: float,
+        seed: int,
+        reference: ReferenceRun | None,
+    ) -> SimulationResult:
         _check_run_settings(self.ranks, seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)

@@ -507,6 +507,34 @@ def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
     assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
 
 
+def test_a_run_that_stops_early_leaves_no_stage_session_being_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mismatch ends the run before it has asked for every stage; the workers, slowed here,
+    still had stages to make: they take no more, and the ones they hold are finished when run
+    returns (before, they went on making sessions behind it)."""
+    import sys
+    import threading
+    import time
+
+    module = sys.modules["shardcheck.ranks"]
+    make = module.make_session
+
+    def slow_in_workers(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)
+        return make(*args)
+
+    monkeypatch.setattr(module, "make_session", slow_in_workers)
+    name = "ts_gpt2_tiny"
+    wrong = frontier_hints(name).with_changes(k_seq_len_idx=1)
+    simulation = Simulation(REAL / f"{name}.onnx", wrong, ranks=2)
+    result = simulation.run(8)
+    assert not result.ok
+    aheads = [stage.ahead for stage in _stages(simulation.simulator)]
+    assert all(ahead.state == "skipped" or ahead.done.is_set() for ahead in aheads)
+
+
 def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
