@@ -1,8 +1,10 @@
 """A call run in a background thread: onnxruntime makes sessions there while Python works.
 
 onnxruntime releases the GIL while it loads a model and makes its kernels, so the analysis in
-the main thread runs on the other core meanwhile. The thread is a daemon: when the caller stops
-on an error of its own, the process exits without waiting for the call to end.
+the main thread runs on the other core meanwhile. The thread is a daemon, but a process must
+not end while onnxruntime works in one (the interpreter's teardown under it crashes): callers
+wait for what they started before an error leaves them, and the console command leaves with
+``os._exit`` (cli.main).
 """
 
 from __future__ import annotations

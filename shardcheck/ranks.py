@@ -67,7 +67,7 @@ class _Ahead:
     """A stage's session made ahead of the runs by a worker, for inputs of ``types``."""
 
     types: dict[str, int]
-    state: str = "pending"  # -> "making" (a worker took it) or "skipped" (the runs did)
+    state: str = "pending"  # -> "making" (a worker took it) or "skipped" (left to the runs)
     done: threading.Event = field(default_factory=threading.Event)
     session: Any = None
 
@@ -256,10 +256,10 @@ class RankSimulator:
         return None
 
     def stop_making_ahead(self) -> None:
-        """The workers take no more stages (the simulation will not run), and the sessions
-        they are making are waited for: no onnxruntime work is left running in the background
-        (a process that ends under it crashes). The rest are left to runs that may still
-        come."""
+        """The workers take no more stages (a run has ended, or none will come), and the
+        sessions they are making are waited for: no onnxruntime work is left running in the
+        background (a process that ends under it crashes). The stages not taken are left to
+        the runs that may still come."""
         with self._ahead_lock:
             aheads = [step.ahead for step in self.steps if isinstance(step, _Stage) and step.ahead]
             for ahead in aheads:
