@@ -37,7 +37,7 @@ def _external(name: str, dims: list[int], offset: int, length: int) -> onnx.Tens
 
 
 def build_large_model(directory: Path) -> Path:
-    """ids, x0 [seq] -> table[ids] + x0 -> one attention layer (K transposed) -> y."""
+    """ids [seq], x0 [seq, 4] -> table[ids] + x0 -> one attention layer (K transposed) -> y."""
     rng = np.random.default_rng(0)
     initializers = []
     with (directory / WEIGHTS).open("wb") as weights:
