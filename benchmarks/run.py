@@ -330,7 +330,7 @@ def in_process(path: str, repeats: int) -> InProcess:
         read = time.perf_counter() - started
         started = time.perf_counter()
         index = GraphIndex(
-            parsed_model.model, source=path, external_locations=parsed_model.external_locations()
+            parsed_model.model, source=path, external_tensors=parsed_model.external_tensors()
         )
         indexed = time.perf_counter() - started
         started = time.perf_counter()

@@ -173,12 +173,12 @@ class GraphIndex:
         model: onnx.ModelProto,
         source: str = "<model>",
         *,
-        external_locations: set[str] | None = None,
+        external_tensors: list[onnx.TensorProto] | None = None,
     ) -> None:
         self.model = model
         self.source = source
         # Known when the loader has already looked at every tensor of the model.
-        self._external_locations = external_locations
+        self._external_tensors = external_tensors
         graph = model.graph
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [
@@ -232,11 +232,15 @@ class GraphIndex:
                 if name:
                     producer[name] = index
 
+    def external_tensors(self) -> list[onnx.TensorProto]:
+        """The model's tensors whose data is in external files (see ``model_tensors``)."""
+        if self._external_tensors is None:
+            self._external_tensors = external_tensors(self.model)
+        return self._external_tensors
+
     def external_locations(self) -> set[str]:
         """The files that hold the model's external tensors (locations relative to it)."""
-        if self._external_locations is None:
-            self._external_locations = external_locations(self.model)
-        return self._external_locations
+        return locations_of(self.external_tensors())
 
     # ------------------------------------------------------------------ topology
 

@@ -27,7 +27,6 @@ from shardcheck.errors import InputError, ModelError
 from shardcheck.graph import (
     GraphIndex,
     attribute_tensors,
-    external_tensors,
     locations_of,
     model_tensors,
     node_tensors,
@@ -73,11 +72,9 @@ def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
     """Refuse (InputError) a model whose external weight files are missing or too short for
     the tensors they hold, before onnxruntime is asked to read them. Only verify and the
     simulation run models: gen never calls this. The files are looked at, not read."""
-    if not index.external_locations():
-        return
     base = weights_dir(path)
     sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file)
-    for tensor in external_tensors(index.model):
+    for tensor in index.external_tensors():
         entries = {entry.key: entry.value for entry in tensor.external_data}
         location = entries.get("location", "")
         if location not in sizes:
@@ -112,7 +109,7 @@ def load_index(path: str | os.PathLike[str]) -> GraphIndex:
 def index_parsed(parsed: ParsedModel) -> GraphIndex:
     """The index of a parsed model, with the external weight files the parse found."""
     return GraphIndex(
-        parsed.model, source=parsed.source, external_locations=parsed.external_locations()
+        parsed.model, source=parsed.source, external_tensors=parsed.external_tensors()
     )
 
 
@@ -145,6 +142,10 @@ class ParsedModel:
         if isinstance(self._content, mmap.mmap):
             self._content = bytes(self._content)
         return self._content
+
+    def external_tensors(self) -> list[onnx.TensorProto]:
+        """The model's tensors whose data is in external files, as the parse found them."""
+        return self._scan.external
 
     def external_locations(self) -> set[str]:
         """The files that hold the model's external tensors, as the parse found them."""

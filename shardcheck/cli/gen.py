@@ -134,7 +134,9 @@ def gen(model: str, output: str, **options: object) -> int:
                     f"{output}: is a weight file of the model; write the hints elsewhere"
                 )
         with checked_concurrently(parsed):
-            index = GraphIndex(parsed.model, source=model, external_locations=locations)
+            index = GraphIndex(
+                parsed.model, source=model, external_tensors=parsed.external_tensors()
+            )
             result = generate(index, gen_options)
     for warning in result.warnings:
         warning_line(warning)
