@@ -133,7 +133,7 @@ def slow_model(steps: int, width: int = 64) -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:

@@ -296,7 +296,9 @@ def _identity_model(directory: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s", 3])],
     )
     path = directory / "identities.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path
+    )
     return path
 
 

@@ -268,7 +268,9 @@ def _reshaping_model(directory: Path, length: int | None) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s", 3])],
     )
     path = directory / f"reshaping_{length}.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path
+    )
     return path
 
 
