@@ -20,6 +20,7 @@ whose size is unknown counts as 1, an element type that is unknown as 4 bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -74,8 +75,11 @@ def _resolve_dim(dim: Dim, dims: Mapping[str, int]) -> int:
 
 def _itemsize(index: GraphIndex, tensor: str) -> int:
     elem_type = index.elem_type(tensor)
-    if not elem_type:
-        return DEFAULT_ITEMSIZE
+    return _type_itemsize(elem_type) if elem_type else DEFAULT_ITEMSIZE
+
+
+@functools.cache
+def _type_itemsize(elem_type: int) -> int:
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
@@ -96,13 +100,18 @@ def estimate(
     ``kept``: inner tensors that stay alive until the end (exposed as outputs).
     """
     shapes = shapes if shapes is not None else ShapeInference(index)
+    # Repeated layers repeat their shapes: each distinct one is resolved once.
+    resolved: dict[Shape, tuple[int, tuple[int, ...]]] = {}
 
     def size(tensor: str) -> tuple[int, tuple[int, ...]]:
         shape = shapes.shape(tensor)
         if shape is None:
             return 0, ()
-        concrete = resolve(shape, dims)
-        return math.prod(concrete) * _itemsize(index, tensor), concrete
+        known = resolved.get(shape)
+        if known is None:
+            concrete = resolve(shape, dims)
+            known = resolved[shape] = (math.prod(concrete), concrete)
+        return known[0] * _itemsize(index, tensor), known[1]
 
     weights = weights_bytes(index)
     ends = dict.fromkeys([*index.graph_inputs, *index.graph_outputs, *kept])
@@ -112,8 +121,9 @@ def estimate(
     for node in index.nodes:
         for output in node.outputs:
             if output and output not in sized:
-                sized[output] = size(output)
-                inner = max(inner, sized[output][0])
+                sized[output] = found = size(output)
+                if found[0] > inner:
+                    inner = found[0]
     scores = 0
     for layer in layers:
         if layer.kind == "fused":  # a score MatMul's output is one of the tensors above

@@ -290,16 +290,17 @@ class GraphIndex:
         return None if shape is None else len(shape)
 
     def elem_type(self, tensor: str) -> int | None:
-        if tensor in self.initializers:
-            return self.initializers[tensor].data_type
-        for info in (
-            *self.value_infos.get(tensor, ()),
-            self.input_infos.get(tensor),
-            self.output_infos.get(tensor),
-        ):
-            if info is not None and info.type.HasField("tensor_type"):
-                if info.type.tensor_type.elem_type:
-                    return info.type.tensor_type.elem_type
+        initializer = self.initializers.get(tensor)
+        if initializer is not None:
+            return initializer.data_type
+        infos = self.value_infos.get(tensor, ())
+        if tensor in self.input_infos:
+            infos = [*infos, self.input_infos[tensor]]
+        if tensor in self.output_infos:
+            infos = [*infos, self.output_infos[tensor]]
+        for info in infos:
+            if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+                return info.type.tensor_type.elem_type
         return None
 
     # ------------------------------------------------------------------ constants

@@ -15,6 +15,7 @@ from shardcheck.budget import available_bytes, check_memory, estimate, human, re
 from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError
 from shardcheck.generate import generate
+from shardcheck.graph import GraphIndex
 from shardcheck.hints_file import write_hints
 from shardcheck.loader import load_index
 from shardcheck.options import GenOptions
@@ -51,6 +52,31 @@ def test_estimate_counts_the_scores_inside_a_fused_attention_node() -> None:
     found = estimate(index, {"batch": 1, "sequence": 4096}, shapes=shapes, layers=layers)
     assert found.largest.startswith("scores of ")
     assert found.largest_shape == (1, 2, 4096, 4096)
+
+
+def test_estimate_sizes_each_tensor_by_its_own_element_type() -> None:
+    """Three tensors of one shape, [batch, seq, 4]: the float16 input and output take 2 bytes an
+    element, the float64 tensor between them 8 (it is the largest, counted twice)."""
+    shape = ["batch", "seq", 4]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["wide"], to=TensorProto.DOUBLE),
+            helper.make_node("Cast", ["wide"], ["y"], to=TensorProto.FLOAT16),
+        ],
+        "casts",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, shape)],
+        value_info=[helper.make_tensor_value_info("wide", TensorProto.DOUBLE, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    found = estimate(GraphIndex(model), {"batch": 1, "seq": 1000})
+    narrow_bytes, wide_bytes = 1000 * 4 * 2, 1000 * 4 * 8
+    assert (found.largest, found.largest_shape, found.largest_bytes) == (
+        "wide",
+        (1, 1000, 4),
+        wide_bytes,
+    )
+    assert found.total == 2 * narrow_bytes + 2 * wide_bytes
 
 
 def test_check_memory_refuses_with_the_length_the_dims_and_the_estimate() -> None:
