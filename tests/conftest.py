@@ -18,9 +18,18 @@ SHARED = ROOT.parent / "shared"
 ANCHORS = SHARED / "anchor-models"
 
 
+def cli_runner() -> CliRunner:
+    """A runner that keeps stderr apart from stdout: click 8.2 and later do so and take no
+    ``mix_stderr``; click 8.1 (the oldest shardcheck supports) mixes them unless told not to."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:
+        return CliRunner()
+
+
 def run_cli(*args: str) -> Result:
     """Run the shardcheck CLI in-process; stdout and stderr are kept apart."""
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return cli_runner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
 def sorted_io(document: dict[str, Any]) -> dict[str, Any]:

@@ -683,8 +683,12 @@ runs = {
     "check": ["check", "--manifest", manifest],
 }
 results = {}
+try:
+    runner = CliRunner(mix_stderr=False)  # click 8.1 mixes stderr into stdout by default
+except TypeError:
+    runner = CliRunner()  # click 8.2 and later keep them apart
 for name, argv in runs.items():
-    r = CliRunner().invoke(cli, argv, catch_exceptions=False)
+    r = runner.invoke(cli, argv, catch_exceptions=False)
     results[name] = [r.exit_code, r.stderr, r.stdout]
 print(json.dumps(results))
 """
