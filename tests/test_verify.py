@@ -295,22 +295,31 @@ def test_a_simulation_that_cannot_be_prepared_is_reported_only_if_the_model_runs
 
 LEFT_RUNNING = """
 import sys
+import time
 from onnx import TensorProto, helper
 from shardcheck.background import InBackground
 from shardcheck.cli import main
 from shardcheck.feeds import make_session
 
-nodes = [
-    helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < 19999 else "y"])
-    for i in range(20000)
-]
-info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None]) for n in ("x", "y")]
-graph = helper.make_graph(nodes, "chain", info[:1], info[1:])
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-data = model.SerializeToString()
-kept = make_session(data)
-for name in ("a", "b"):  # still loading when the command ends
-    InBackground(name, make_session, data)
+def chain(length):
+    nodes = [
+        helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < length - 1 else "y"])
+        for i in range(length)
+    ]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "chain", info[:1], info[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return model.SerializeToString()
+
+# Chains whose sessions take a fraction of a second to make: 20k nodes on onnxruntime 1.32;
+# before it, making a session grew with the square of a chain's length (2k nodes: ~1 s).
+started = time.perf_counter()
+make_session(chain(2000))
+seconds = time.perf_counter() - started
+long_chain = chain(max(2000, min(20000, int(2000 / max(seconds, 1e-3)))))
+kept = make_session(long_chain)  # a live session at the end too
+for name in ("a", "b"):  # still being made when the command ends
+    InBackground(name, make_session, long_chain)
 sys.argv = ["shardcheck", "verify", sys.argv[1], sys.argv[2]]
 main()
 """
