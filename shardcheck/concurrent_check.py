@@ -7,8 +7,8 @@ shares the parsed model and the file's bytes with the parent (copy on write), ru
 meantime and takes the verdict before it writes anything: a model the checker refuses is refused
 exactly as before, with the same message, and whatever the analysis made of it is dropped.
 
-Where there is no ``fork`` (Windows), or other threads are running (forking them is unsafe),
-the check simply runs first, in the process itself.
+Where there is no ``fork`` (Windows), or other threads are running, native ones included
+(forking beside them is unsafe), the check simply runs first, in the process itself.
 """
 
 from __future__ import annotations
@@ -51,7 +51,18 @@ def checked_concurrently(parsed: ParsedModel) -> Iterator[None]:
 
 
 def _can_fork() -> bool:
-    return hasattr(os, "fork") and threading.active_count() == 1
+    return hasattr(os, "fork") and _single_threaded()
+
+
+def _single_threaded() -> bool:
+    """No other thread, Python's or native (onnxruntime's, a library's): a child forked beside
+    one may inherit a lock it holds, and wait for it forever."""
+    if threading.active_count() != 1:
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no /proc (macOS): Python's own threads are all that can be counted
+        return True
 
 
 def _start(parsed: ParsedModel) -> tuple[int, int] | None:

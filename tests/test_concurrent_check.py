@@ -19,7 +19,21 @@ from shardcheck.errors import ModelError
 from shardcheck.loader import load_index, parse_model
 
 MODEL = FIXTURES / "attention_head.onnx"
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+FORK_BESIDE_THREADS = "ignore:This process .* is multi-threaded, use of fork"
+
+
+@pytest.fixture(autouse=True)
+def as_in_the_cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console command forks from a process with no other thread (tested below, in a child
+    process); this one has numpy's and onnxruntime's. These tests fork from it all the same."""
+    if "real_thread_count" not in request.keywords:
+        monkeypatch.setattr(concurrent_check, "_single_threaded", lambda: True)
+
+
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform"),
+    pytest.mark.filterwarnings(FORK_BESIDE_THREADS),
+]
 
 
 def _invalid_model(directory: Path) -> Path:
@@ -150,3 +164,64 @@ def test_a_model_file_truncated_after_the_parse_is_still_checked(tmp_path: Path)
     parsed = parse_model(invalid)
     with pytest.raises(ModelError, match=r"fails onnx\.checker"), checked_concurrently(parsed):
         invalid.write_bytes(b"")
+
+
+# The console command, in a process of its own: the checker's pid, and the command's.
+_RECORDING_GEN = """
+import os, sys
+from shardcheck.cli import main
+from shardcheck.loader import ParsedModel
+
+record, model, out = sys.argv[1:4]
+real = ParsedModel.check
+
+def recording(self):
+    with open(record, "a") as file:
+        file.write(f"{os.getpid()}\\n")
+    real(self)
+
+ParsedModel.check = recording
+with open(record, "a") as file:
+    file.write(f"{os.getpid()}\\n")
+sys.argv = ["shardcheck", "gen", model, "-o", out]
+main()
+"""
+
+
+@pytest.mark.real_thread_count
+def test_the_console_command_forks_the_checker(tmp_path: Path) -> None:
+    """Nothing gen imports before the fork starts a thread (numpy and onnx, which do, are not
+    imported yet): the real command checks in a child."""
+    import subprocess
+    import sys
+
+    record = tmp_path / "pids"
+    done = subprocess.run(
+        [sys.executable, "-c", _RECORDING_GEN, str(record), str(MODEL), str(tmp_path / "h.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    command, checker = _pids(record)
+    assert checker != command
+
+
+@pytest.mark.real_thread_count
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads counted in /proc")
+def test_no_fork_beside_a_native_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native thread (here onnxruntime's pool, which Python's threading does not see) may hold
+    a lock a forked child would wait for forever: the check then runs in the process."""
+    import threading
+
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = onnxruntime.InferenceSession(str(MODEL), options, providers=["CPUExecutionProvider"])
+    assert threading.active_count() == 1 and len(os.listdir("/proc/self/task")) > 1
+    record = tmp_path / "pids"
+    _checker_recording_pids(monkeypatch, record)
+    assert run_cli("gen", MODEL, "-o", tmp_path / "hints.json").exit_code == 0
+    assert _pids(record) == [os.getpid()]
+    del session
