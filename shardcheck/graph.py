@@ -12,7 +12,7 @@ import gc
 import math
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -293,7 +293,7 @@ class GraphIndex:
         initializer = self.initializers.get(tensor)
         if initializer is not None:
             return initializer.data_type
-        infos = self.value_infos.get(tensor, ())
+        infos: Sequence[onnx.ValueInfoProto] = self.value_infos.get(tensor, ())
         if tensor in self.input_infos:
             infos = [*infos, self.input_infos[tensor]]
         if tensor in self.output_infos:
