@@ -314,9 +314,8 @@ def measure_in_process(model: BuiltModel, repeats: int, env: dict[str, str]) -> 
 def in_process(path: str, repeats: int) -> InProcess:
     """onnx.load against gen's own steps after the parse, as ``shardcheck gen`` runs them."""
     from shardcheck.generate import generate
-    from shardcheck.graph import GraphIndex
     from shardcheck.hints import dumps
-    from shardcheck.loader import parse_model
+    from shardcheck.loader import index_parsed, parse_model
     from shardcheck.options import GenOptions
 
     loads, checks, indexes, generates, checkers = [], [], [], [], []
@@ -331,9 +330,7 @@ def in_process(path: str, repeats: int) -> InProcess:
         parsed_model = parse_model(path)
         read = time.perf_counter() - started
         started = time.perf_counter()
-        index = GraphIndex(
-            parsed_model.model, source=path, external_tensors=parsed_model.external_tensors()
-        )
+        index = index_parsed(parsed_model)
         indexed = time.perf_counter() - started
         started = time.perf_counter()
         dumps(generate(index, GenOptions()).hints)

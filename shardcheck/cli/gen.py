@@ -12,10 +12,10 @@ from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.generate import generate
-from shardcheck.graph import GraphIndex, gc_paused
+from shardcheck.graph import gc_paused
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
-from shardcheck.loader import parse_model
+from shardcheck.loader import index_parsed, parse_model
 from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 
 
@@ -134,9 +134,7 @@ def gen(model: str, output: str, **options: object) -> int:
                     f"{output}: is a weight file of the model; write the hints elsewhere"
                 )
         with checked_concurrently(parsed):
-            index = GraphIndex(
-                parsed.model, source=model, external_tensors=parsed.external_tensors()
-            )
+            index = index_parsed(parsed)
             result = generate(index, gen_options)
     for warning in result.warnings:
         warning_line(warning)
