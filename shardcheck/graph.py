@@ -450,11 +450,19 @@ def attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorPro
         yield attribute.t
     elif kind == _TENSORS:
         yield from attribute.tensors
-    elif kind == _GRAPH:
-        yield from _graph_tensors(attribute.g)
-    elif kind == _GRAPHS:
-        for graph in attribute.graphs:
+    else:
+        for graph in attribute_graphs(attribute):
             yield from _graph_tensors(graph)
+
+
+def attribute_graphs(attribute: onnx.AttributeProto) -> Sequence[onnx.GraphProto]:
+    """The subgraphs an attribute holds (If's branches, Loop's and Scan's bodies)."""
+    kind = attribute.type
+    if kind == _GRAPH:
+        return (attribute.g,)
+    if kind == _GRAPHS:
+        return attribute.graphs
+    return ()
 
 
 def locations_of(tensors: Iterable[onnx.TensorProto]) -> set[str]:

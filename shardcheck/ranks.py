@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from shardcheck.background import InBackground
 from shardcheck.dtypes import infer_elem_types
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_session
+from shardcheck.graph import attribute_graphs
 from shardcheck.shard import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
 
 ALL_REDUCE = "all_reduce"
@@ -44,8 +45,6 @@ REDUCERS = {
 }
 # Workers that make stage sessions ahead (onnxruntime makes them without the GIL).
 AHEAD_WORKERS = 2
-_GRAPH = onnx.AttributeProto.GRAPH
-_GRAPHS = onnx.AttributeProto.GRAPHS
 _ORT_NODE_NAME = re.compile(r"Name:'([^']+)'")
 _ORT_STATUS = re.compile(r"Status Message: (.*)$")
 # onnxruntime prefixes its messages with a source location and a C++ signature.
@@ -465,14 +464,7 @@ def _node_inputs(node: onnx.NodeProto) -> list[str]:
     """The inputs of a node, with the outer tensors its subgraphs (If, Loop, Scan) read."""
     names = node.input[:]
     for attribute in node.attribute:
-        kind = attribute.type
-        if kind == _GRAPH:
-            graphs: Iterable[onnx.GraphProto] = (attribute.g,)
-        elif kind == _GRAPHS:
-            graphs = attribute.graphs
-        else:
-            continue
-        for graph in graphs:
+        for graph in attribute_graphs(attribute):
             local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
             for inner in graph.node:
                 names.extend(n for n in _node_inputs(inner) if n and n not in local)
