@@ -357,10 +357,10 @@ def _check_model(
         checked: onnx.ModelProto | bytes = _copy_for_checker(model, scan)
     else:
         checked = serialized if serialized is not None else model
-    onnx = full_onnx()
+    checker = protos.checker()
     try:
-        onnx.checker.check_model(checked)
-    except onnx.checker.ValidationError as exc:
+        _run_checker(checked)
+    except checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         # Polygraphy's own test models declare inputs without shapes; newer checkers reject
         # that, although every consumer of the model accepts it. Only that one rule is waived.
@@ -371,6 +371,15 @@ def _check_model(
         raise ModelError(f"{source}: fails onnx.checker: {exc}") from None
 
 
+def _run_checker(model: onnx.ModelProto | bytes) -> None:
+    """What ``onnx.checker.check_model(model)`` runs, with its default options, without
+    importing the onnx package for it (see protos.checker)."""
+    content = model if isinstance(model, bytes) else model.SerializeToString()
+    if len(content) > protos.MAX_CHECKED_BYTES:
+        raise ValueError("the model is over 2 GiB serialized; keep its weights in external data")
+    protos.checker().check_model(content, False, False, False)
+
+
 def _passes_with_shapes(model: onnx.ModelProto, scan: _Scan | None) -> bool:
     copy = _copy_for_checker(model, scan)
     graph = copy.graph
@@ -378,10 +387,9 @@ def _passes_with_shapes(model: onnx.ModelProto, scan: _Scan | None) -> bool:
         tensor_type = info.type.tensor_type
         if info.type.HasField("tensor_type") and not tensor_type.HasField("shape"):
             tensor_type.shape.SetInParent()
-    onnx = full_onnx()
     try:
-        onnx.checker.check_model(copy)
-    except (onnx.checker.ValidationError, ValueError, RuntimeError):
+        _run_checker(copy)
+    except (protos.checker().ValidationError, ValueError, RuntimeError):
         return False
     return True
 

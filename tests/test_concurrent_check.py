@@ -13,7 +13,7 @@ import onnx
 import pytest
 from conftest import FIXTURES, run_cli
 
-from shardcheck import concurrent_check
+from shardcheck import concurrent_check, protos
 from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import ModelError
 from shardcheck.loader import load_index, parse_model
@@ -47,9 +47,10 @@ def _invalid_model(directory: Path) -> Path:
 def _checker_recording_pids(
     monkeypatch: pytest.MonkeyPatch, record: Path, then: Callable[[], None] | None = None
 ) -> None:
-    """Wrap onnx.checker.check_model so that each call appends the calling process's pid to a
-    file (a forked child inherits the wrapper)."""
-    real = onnx.checker.check_model
+    """Wrap onnx's checker (the function onnx.checker.check_model calls) so that each call
+    appends the calling process's pid to a file (a forked child inherits the wrapper)."""
+    checker = protos.checker()
+    real = checker.check_model
 
     def recording(model: Any, *args: Any, **kwargs: Any) -> None:
         with record.open("a") as file:
@@ -58,7 +59,7 @@ def _checker_recording_pids(
             then()
         real(model, *args, **kwargs)
 
-    monkeypatch.setattr(onnx.checker, "check_model", recording)
+    monkeypatch.setattr(checker, "check_model", recording)
 
 
 def _pids(record: Path) -> list[int]:

@@ -14,9 +14,10 @@ from conftest import FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
+from shardcheck import protos
 from shardcheck.detect import _is_triangular, _may_be_triangular_constant
 from shardcheck.graph import GraphIndex, raw_values
-from shardcheck.loader import load_index, parse_model
+from shardcheck.loader import _run_checker, load_index, parse_model
 
 MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
 
@@ -50,6 +51,77 @@ def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+
+
+def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None:
+    # onnx's checker is loaded alone (its compiled extension); the onnx package imported
+    # afterwards finds it loaded, and its checker raises the same error class.
+    invalid = onnx.load(FIXTURES / "attention_head.onnx")
+    invalid.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(invalid, tmp_path / "invalid.onnx")
+    code = (
+        "import sys; from shardcheck import protos\n"
+        "from shardcheck.errors import ModelError\n"
+        "from shardcheck.loader import read_model\n"
+        f"read_model({str(MODELS[0])!r})\n"
+        "try:\n"
+        f"    read_model({str(tmp_path / 'invalid.onnx')!r})\n"
+        "except ModelError as exc:\n"
+        "    print(exc.message)\n"
+        "assert 'onnx' not in sys.modules and 'numpy' not in sys.modules\n"
+        "onnx = protos.full_onnx()\n"
+        "assert onnx.onnx_cpp2py_export.checker is protos.checker()\n"
+        "assert onnx.checker.ValidationError is protos.checker().ValidationError\n"
+        "onnx.checker.check_model(onnx.load(sys.argv[1]))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(MODELS[0])], capture_output=True, text=True
+    )
+    lines = out.stdout.splitlines()
+    assert lines[-1:] == ["ok"], out.stderr[-2000:]
+    with pytest.raises(onnx.checker.ValidationError) as by_onnx:
+        onnx.checker.check_model(invalid)
+    first_line = str(by_onnx.value).strip().splitlines()[0]
+    assert lines[0] == f"{tmp_path / 'invalid.onnx'}: fails onnx.checker: {first_line}"
+
+
+def _mutations() -> list[tuple[str, onnx.ModelProto]]:
+    """Models onnx.checker refuses for different reasons, and the fixture they come from."""
+    base = onnx.load(FIXTURES / "attention_head.onnx")
+    cases = []
+    for name, mutate in (
+        ("unknown op", lambda m: setattr(m.graph.node[0], "op_type", "NoSuchOp")),
+        ("no graph name", lambda m: setattr(m.graph, "name", "")),
+        ("unset input", lambda m: m.graph.node[-1].input.append("nowhere")),
+        ("no opset", lambda m: m.ClearField("opset_import")),
+        ("future IR", lambda m: setattr(m, "ir_version", 99)),
+        ("valid", lambda m: None),
+    ):
+        model = onnx.ModelProto()
+        model.CopyFrom(base)
+        mutate(model)
+        cases.append((name, model))
+    return cases
+
+
+@pytest.mark.parametrize("case", _mutations(), ids=lambda case: case[0])
+def test_the_lean_checker_gives_onnx_checkers_verdicts(
+    case: tuple[str, onnx.ModelProto],
+) -> None:
+    _, model = case
+    try:
+        onnx.checker.check_model(model)
+        expected = None
+    except onnx.checker.ValidationError as exc:
+        expected = str(exc)
+    try:
+        _run_checker(model.SerializeToString())
+        got = None
+    except protos.checker().ValidationError as exc:
+        got = str(exc)
+    assert got == expected
+    assert (expected is None) == (case[0] == "valid")
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
