@@ -45,6 +45,10 @@ class TensorInfo(NamedTuple):
 
 
 _UNKNOWN = TensorInfo()
+# Nodes larger than this, serialized, whose ops take a tensor attribute (a Constant's value) get
+# no memo key: serializing a large tensor costs more than the rule.
+MAX_MEMO_NODE_BYTES = 512
+_TENSOR_ATTRIBUTE_OPS = frozenset(("Constant", "ConstantOfShape"))
 _EXTERNAL = protos.TensorProto.EXTERNAL
 
 
@@ -150,6 +154,10 @@ class ShapeInference:
         self.info: dict[str, TensorInfo] = {}
         for name in index.graph_inputs:
             self.info[name] = TensorInfo(index.declared_shape(name))
+        # Constants (initializers, Constant outputs) and those among them whose integer data a
+        # rule may read (_constant_ints) although their info holds no value.
+        self._constants = set(index.initializers)
+        self._read_by_name: set[str] = set()
         for name, tensor in index.initializers.items():
             dims = tuple(tensor.dims)
             value = None
@@ -158,6 +166,14 @@ class ShapeInference:
                 if value is None:
                     value = _as_value(index.constant_value(name))
             self.info[name] = TensorInfo(dims, value)
+            if value is None and _few_integers(tensor.data_type, dims):
+                self._read_by_name.add(name)
+        self._constants.update(
+            node.outputs[0] for node in index.nodes if node.op_type == "Constant" and node.outputs
+        )
+        # The rules' results (and whether a Constant's output is read by name), by what they
+        # depend on (see _memo_key).
+        self._results: dict[tuple[object, ...], tuple[list[TensorInfo] | None, bool]] = {}
         for node in index.nodes:
             self._infer(node)
 
@@ -176,10 +192,20 @@ class ShapeInference:
     # ------------------------------------------------------------------ per op
 
     def _infer(self, node: Node) -> None:
-        try:
-            results = self._rule(node)
-        except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
-            results = None
+        key = self._memo_key(node)
+        known = None if key is None else self._results.get(key)
+        if known is None:
+            try:
+                results = self._rule(node)
+            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
+                results = None
+            read_by_name = node.op_type == "Constant" and self._read_by_name_after(node, results)
+            if key is not None:
+                self._results[key] = (results, read_by_name)
+        else:
+            results, read_by_name = known
+        if read_by_name:
+            self._read_by_name.add(node.outputs[0])
         info_of = self.info
         outputs = node.outputs
         if results and len(outputs) == 1:
@@ -197,6 +223,37 @@ class ShapeInference:
                 if declared is not None:
                     info = TensorInfo(_merge(declared, info.shape), info.value)
             info_of[output] = info
+
+    def _memo_key(self, node: Node) -> tuple[object, ...] | None:
+        """What a rule's result depends on: the op, its domain, attributes and number of
+        outputs, and each input's info and whether it is a constant (_constant_ints reads a
+        constant's values from its info). A transformer's layers repeat the same nodes on the
+        same shapes: each rule runs once per distinct key. None where the rule has to run: an
+        op without a rule, a large tensor attribute (serializing it would cost more than the
+        rule), an input whose data the rule may read by name."""
+        op = node.op_type
+        if op not in _RULE_OPS:
+            return None
+        proto = node.proto
+        if op in _TENSOR_ATTRIBUTE_OPS and proto.ByteSize() > MAX_MEMO_NODE_BYTES:
+            return None
+        if self._read_by_name and not self._read_by_name.isdisjoint(node.inputs):
+            return None
+        info_get = self.info.get
+        constants = self._constants
+        inputs = tuple(
+            [(info_get(n, _UNKNOWN), n in constants) if n else None for n in node.inputs]
+        )
+        attributes = tuple([attribute.SerializeToString() for attribute in proto.attribute])
+        return (op, node.domain, len(node.outputs), attributes, inputs)
+
+    def _read_by_name_after(self, node: Node, results: list[TensorInfo] | None) -> bool:
+        """Whether a Constant's output, with the info its rule gave, is a constant whose
+        integer data _constant_ints would read."""
+        if not results or results[0].value is not None or results[0].shape is None:
+            return False
+        tensor = node.value_tensor()
+        return tensor is not None and _few_integers(tensor.data_type, results[0].shape)
 
     def _in(self, node: Node, position: int) -> TensorInfo:
         inputs = node.inputs
@@ -578,6 +635,14 @@ _KNOWN_INPUT_RULES: dict[
     "Conv": ShapeInference._conv_rule,
     "Tile": ShapeInference._tile,
 }
+_RULE_OPS = ELEMENTWISE | SAME_SHAPE | _ANY_INPUT_RULES.keys() | _KNOWN_INPUT_RULES.keys()
+
+
+def _few_integers(data_type: int, shape: Shape) -> bool:
+    """Whether a constant of this type and shape is one _ints reads (integers, few of them)."""
+    return data_type in INTEGER_TYPES and (
+        not all(isinstance(d, int) for d in shape) or math.prod(shape) <= MAX_VALUE_ELEMENTS  # type: ignore[arg-type]
+    )
 
 
 def _is_small(tensor: onnx.TensorProto) -> bool:

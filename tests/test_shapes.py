@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from shardcheck.graph import Shape
-from shardcheck.shapes import _divide, reshape_dims, size_of
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES
+from onnx import helper as oh
+from onnx import numpy_helper
+
+from shardcheck.graph import GraphIndex, Shape
+from shardcheck.loader import load_index
+from shardcheck.shapes import ShapeInference, _divide, reshape_dims, size_of
 
 
 @pytest.mark.parametrize(
@@ -40,3 +48,63 @@ def test_division_removes_an_integer_factor_only_when_it_divides() -> None:
     assert _divide("2*batch", 2) == "batch"
     assert _divide("4*a*b", 2) == "2*a*b"
     assert _divide("batch", 2) is None
+
+
+# --------------------------------------------------------------------------- memoized rules
+
+MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_memoized_rules_give_what_each_rule_run_gives(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = load_index(model)
+    memoized = ShapeInference(index).info
+    monkeypatch.setattr(ShapeInference, "_memo_key", lambda self, node: None)
+    every_rule_run = ShapeInference(index).info
+    # repr: 1 and True, or 1 and 1.0, are equal but not the same dim.
+    assert repr(sorted(memoized.items())) == repr(sorted(every_rule_run.items()))
+
+
+def _unsqueezed(axes: list[onnx.NodeProto | onnx.TensorProto], axes_names: list[str]) -> dict:
+    """x [2, 3] unsqueezed once per axes tensor; the inferred output shapes."""
+    nodes = [node for node in axes if isinstance(node, onnx.NodeProto)]
+    initializers = [tensor for tensor in axes if isinstance(tensor, onnx.TensorProto)]
+    for position, name in enumerate(axes_names):
+        nodes.append(oh.make_node("Unsqueeze", ["x", name], [f"y{position}"]))
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [oh.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, None) for i in range(2)],
+        initializers,
+    )
+    shapes = ShapeInference(GraphIndex(oh.make_model(graph)))
+    return {f"y{i}": shapes.shape(f"y{i}") for i in range(len(axes_names))}
+
+
+def _int64(name: str, values: list[list[int]]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def test_constants_of_one_shape_and_different_values_are_not_taken_for_each_other() -> None:
+    # [1, 1]-shaped axes: their info holds no value (only 1-D ones do), so only their data
+    # tells them apart; both as initializers and as Constant nodes.
+    expected = {"y0": (2, 1, 3), "y1": (1, 2, 3)}
+    initializers = [_int64("a", [[1]]), _int64("b", [[0]])]
+    assert _unsqueezed(initializers, ["a", "b"]) == expected
+    constants = [
+        oh.make_node("Constant", [], [tensor.name], value=tensor) for tensor in initializers
+    ]
+    assert _unsqueezed(constants, ["a", "b"]) == expected
+
+
+def test_a_computed_tensor_is_not_taken_for_a_constant_of_the_same_value() -> None:
+    # "c" holds [1] as a constant; "s" holds [1] too, computed (the length of a 1-D shape):
+    # a rule reads axes only from constants, so the second Unsqueeze has no known shape.
+    shape_of_c = oh.make_node("Shape", ["c"], ["s"])
+    shapes = _unsqueezed(
+        [numpy_helper.from_array(np.array([1], np.int64), "c"), shape_of_c], ["c", "s"]
+    )
+    assert shapes == {"y0": (2, 1, 3), "y1": None}
