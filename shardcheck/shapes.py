@@ -248,12 +248,14 @@ class ShapeInference:
         return (op, node.domain, len(node.outputs), attributes, inputs)
 
     def _read_by_name_after(self, node: Node, results: list[TensorInfo] | None) -> bool:
-        """Whether a Constant's output, with the info its rule gave, is a constant whose
-        integer data _constant_ints would read."""
-        if not results or results[0].value is not None or results[0].shape is None:
+        """Whether a Constant's output may be a constant whose integer data _constant_ints
+        reads: its info holds no value, and it may hold few integers (or its rule failed)."""
+        if results and results[0].value is not None:
             return False
         tensor = node.value_tensor()
-        return tensor is not None and _few_integers(tensor.data_type, results[0].shape)
+        if tensor is None:  # value_int(s) or value_float(s): few ints are in the info
+            return not results
+        return _few_integers(tensor.data_type, tuple(tensor.dims))
 
     def _in(self, node: Node, position: int) -> TensorInfo:
         inputs = node.inputs
