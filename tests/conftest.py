@@ -13,6 +13,8 @@ pytest_plugins = ("pytester",)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
+# Every bundled model: the hand-built fixtures and the real exports.
+FIXTURE_MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
 GOLDEN = ROOT / "golden"
 SHARED = ROOT.parent / "shared"
 ANCHORS = SHARED / "anchor-models"

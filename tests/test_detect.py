@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURE_MODELS, FIXTURES
 
 from shardcheck import AttentionLayer, detect_attention, load_index
 from shardcheck.detect import layer_tensors
@@ -89,10 +89,7 @@ def test_fused_com_microsoft_multihead_attention_is_a_layer() -> None:
     assert (layer.q_axis, layer.k_axis, layer.v_axis) == (1, 1, 1)
 
 
-ALL_MODELS = sorted([*FIXTURES.glob("*.onnx"), *REAL.glob("*.onnx")])
-
-
-@pytest.mark.parametrize("model", ALL_MODELS, ids=[p.stem for p in ALL_MODELS])
+@pytest.mark.parametrize("model", FIXTURE_MODELS, ids=[p.stem for p in FIXTURE_MODELS])
 def test_layer_tensors_without_shapes_are_the_tensors_detection_finds(model: Path) -> None:
     """verify starts onnxruntime on the tensors found without shape inference: they must be the
     very tensors that full detection finds, layer by layer."""

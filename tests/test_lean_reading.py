@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURE_MODELS, FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
@@ -19,15 +19,13 @@ from shardcheck.detect import _is_triangular, _may_be_triangular_constant
 from shardcheck.graph import GraphIndex, raw_values
 from shardcheck.loader import _run_checker, load_index, parse_model
 
-MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
-
 
 def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
     # One process for all models: each gen must leave both unimported in the process itself
     # (the checker's child process imports onnx; that is its own).
     code = (
         "import sys; from shardcheck.cli import cli\n"
-        f"for model in {[str(m) for m in MODELS]!r}:\n"
+        f"for model in {[str(m) for m in FIXTURE_MODELS]!r}:\n"
         f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}], "
         "standalone_mode=False)\n"
         "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
@@ -63,7 +61,7 @@ def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None
         "import sys; from shardcheck import protos\n"
         "from shardcheck.errors import ModelError\n"
         "from shardcheck.loader import read_model\n"
-        f"read_model({str(MODELS[0])!r})\n"
+        f"read_model({str(FIXTURE_MODELS[0])!r})\n"
         "try:\n"
         f"    read_model({str(tmp_path / 'invalid.onnx')!r})\n"
         "except ModelError as exc:\n"
@@ -76,7 +74,7 @@ def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None
         "print('ok')\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(MODELS[0])], capture_output=True, text=True
+        [sys.executable, "-c", code, str(FIXTURE_MODELS[0])], capture_output=True, text=True
     )
     lines = out.stdout.splitlines()
     assert lines[-1:] == ["ok"], out.stderr[-2000:]
@@ -87,7 +85,7 @@ def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None
 
 
 def _mutations() -> list[tuple[str, onnx.ModelProto]]:
-    """Models onnx.checker refuses for different reasons, and the fixture they come from."""
+    """Models onnx.checker refuses for different reasons, and one it accepts, by name."""
     base = onnx.load(FIXTURES / "attention_head.onnx")
     cases = []
     for name, mutate in (
@@ -124,7 +122,7 @@ def test_the_lean_checker_gives_onnx_checkers_verdicts(
     assert (expected is None) == (case[0] == "valid")
 
 
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("model", FIXTURE_MODELS, ids=lambda m: m.name)
 def test_a_mapped_file_parses_to_what_onnx_load_reads(model: Path) -> None:
     parsed = parse_model(model)
     assert parsed.model == onnx.load(model)
@@ -133,7 +131,7 @@ def test_a_mapped_file_parses_to_what_onnx_load_reads(model: Path) -> None:
 
 def test_constants_read_without_numpy_agree_with_their_arrays() -> None:
     integers = 0
-    for model in MODELS:
+    for model in FIXTURE_MODELS:
         index = load_index(model)
         constants = [*index.initializers]
         constants += [node.outputs[0] for node in index.nodes if node.op_type == "Constant"]

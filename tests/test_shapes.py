@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURE_MODELS
 from onnx import helper as oh
 from onnx import numpy_helper
 
@@ -52,10 +52,8 @@ def test_division_removes_an_integer_factor_only_when_it_divides() -> None:
 
 # --------------------------------------------------------------------------- memoized rules
 
-MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
 
-
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("model", FIXTURE_MODELS, ids=lambda m: m.name)
 def test_memoized_rules_give_what_each_rule_run_gives(
     model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
