@@ -13,14 +13,19 @@ How each figure is taken:
   shard-hints MODEL -o OUT.json`` as child processes, paired and alternating (gen, Polygraphy,
   gen, Polygraphy, ...), ``--repeats`` pairs per model (``--deep-repeats`` for the deepest
   models, whose ratios the targets are judged on; each pair's ratio is listed too), median
-  wall time; peak memory is the child's ``ru_maxrss`` from ``os.wait4``. Polygraphy's log
-  goes to /dev/null. The children run in a scratch directory, not in the model's.
+  wall time; the speed-up is the median of the pairs' ratios (the ratio of the median times is
+  shown beside it in the targets); peak memory is the child's ``ru_maxrss`` from
+  ``os.wait4``. Polygraphy's log goes to /dev/null. The children run in a scratch directory,
+  not in the model's.
 * in process (one fresh interpreter per model): ``onnx.load(path, load_external_data=False)``
   against what gen does after the parse, the way ``shardcheck gen`` runs it: the rest of
   ``parse_model`` (its checks: ``parse_model`` time minus the parse time of the same round),
   ``GraphIndex`` and ``generate`` with default options (and the hints serialized); median over
   ``--repeats`` rounds (at least 3). ``onnx.checker`` (``ParsedModel.check``), which gen runs in
   a child process beside these, is timed on its own and shown apart.
+* linearity: the same in-process analysis of each kind's shallowest and deepest models, in
+  ``--linearity-pairs`` alternating pairs of fresh interpreters (shallow, deep, ...): per pair,
+  the deep model's time per node over the shallow one's; the median of those ratios.
 * external weights: gen's peak memory on the big model (>= 1 GiB of external weights) and on the
   deepest export model saved with external weights; that a weight file is never opened is shown
   by tracing gen's ``open``/``openat`` calls with strace when it is installed, and by running gen
@@ -650,17 +655,32 @@ def _process_cells(runs: Sequence[ChildRun] | None, absent: str) -> tuple[str, s
 
 
 def speedup(result: ModelResult) -> float | None:
+    """Polygraphy's median time over gen's."""
     ours, theirs = _median_run(result.gen), _median_run(result.polygraphy)
     if ours is None or theirs is None or not ours.ok or not theirs.ok:
         return None
     return theirs.seconds / ours.seconds
 
 
+def pair_speedups(result: ModelResult) -> list[float]:
+    """Polygraphy / gen for each pair of runs, in run order (both ran back to back)."""
+    pairs = zip(result.gen, result.polygraphy or [], strict=False)
+    return [p.seconds / g.seconds for g, p in pairs if g.ok and p.ok and g.seconds]
+
+
+def paired_speedup(result: ModelResult) -> float | None:
+    """The median of the pairs' ratios: each pair shares the machine's state of its moment,
+    so drift between pairs cancels (as for verify and the simulation)."""
+    ratios = pair_speedups(result)
+    return statistics.median(ratios) if ratios else None
+
+
 TABLE_HEADER = (
     "| model | nodes | onnx.load ms | gen analysis ms (checks + index + generate; "
     "onnx.checker beside them) "
     "| analysis / load | gen s | gen peak MiB | Polygraphy s | Polygraphy peak MiB "
-    "| Polygraphy / gen | verify: whole vs its onnxruntime work | simulation vs 1 inference |\n"
+    "| Polygraphy / gen (median of pairs) | verify: whole vs its onnxruntime work "
+    "| simulation vs 1 inference |\n"
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
 )
 
@@ -692,7 +712,7 @@ def table_row(result: ModelResult, polygraphy_absent: str) -> str:
         gen_mib,
         poly_s,
         poly_mib,
-        _ratio(speedup(result)),
+        _ratio(paired_speedup(result)),
         result.verify,
         result.simulate,
     ]
@@ -705,35 +725,63 @@ def pair_ratios(results: Sequence[ModelResult]) -> list[str]:
     deepest = max((r.model.depth for r in results), default=0)
     lines = []
     for result in results:
-        if result.model.depth != deepest or not result.polygraphy:
-            continue
-        pairs = zip(result.gen, result.polygraphy, strict=False)
-        ratios = [f"{p.seconds / g.seconds:.2f}x" for g, p in pairs if g.ok and p.ok and g.seconds]
+        ratios = pair_speedups(result) if result.model.depth == deepest else []
         if ratios:
-            shown = ", ".join(ratios)
+            shown = ", ".join(f"{ratio:.2f}x" for ratio in ratios)
             lines.append(f"- {result.model.name}: Polygraphy / gen pair by pair: {shown}")
     return lines
 
 
-def linearity(results: Sequence[ModelResult]) -> list[tuple[str, float, str]]:
-    """Per kind: analysis time per node at the deepest vs the shallowest model."""
+@dataclass(frozen=True)
+class LinearityPairs:
+    """The analysis per node of a kind's shallowest and deepest models, measured alternately
+    in fresh interpreters (shallow, deep, shallow, deep, ...): one ratio per pair."""
+
+    kind: str
+    low: BuiltModel
+    high: BuiltModel
+    per_node: tuple[tuple[float, float], ...]  # (shallow, deep) seconds per node, per pair
+
+
+def measure_linearity(
+    models: Sequence[BuiltModel], kinds: Sequence[str], pairs: int, env: dict[str, str]
+) -> list[LinearityPairs]:
+    """Each model's analysis is also timed on its own (the table), but minutes apart from the
+    other depths, and the machine drifts in between; pairs taken back to back cancel that."""
     found = []
-    for kind in build_models.KINDS:
-        rows = [r for r in results if r.model.kind == kind and r.in_process is not None]
+    for kind in kinds:
+        rows = sorted((m for m in models if m.kind == kind), key=lambda m: m.depth)
         if len(rows) < 2:
             continue
-        rows.sort(key=lambda r: r.model.depth)
         low, high = rows[0], rows[-1]
-        assert low.in_process is not None and high.in_process is not None
-        per_low = low.in_process.analysis / low.model.nodes
-        per_high = high.in_process.analysis / high.model.nodes
-        ratio = per_high / per_low
+        per_node = []
+        for _ in range(pairs):
+            shallow = measure_in_process(low, 3, env).analysis / low.nodes
+            deep = measure_in_process(high, 3, env).analysis / high.nodes
+            per_node.append((shallow, deep))
+        found.append(LinearityPairs(kind, low, high, tuple(per_node)))
+    return found
+
+
+def linearity(measured: Sequence[LinearityPairs]) -> list[tuple[str, float, str]]:
+    """Per kind: analysis time per node at the deepest vs the shallowest model, the median of
+    the pairs' ratios."""
+    found = []
+    for pairs in measured:
+        ratios = [deep / shallow for shallow, deep in pairs.per_node if shallow]
+        if not ratios:
+            continue
+        ratio = statistics.median(ratios)
+        per_low = statistics.median(shallow for shallow, _ in pairs.per_node)
+        per_high = statistics.median(deep for _, deep in pairs.per_node)
         found.append(
             (
-                kind,
+                pairs.kind,
                 ratio,
-                f"{kind}: {per_low * 1e6:.1f} µs/node at {low.model.depth} layers, "
-                f"{per_high * 1e6:.1f} µs/node at {high.model.depth} layers: {ratio:.2f}x",
+                f"{pairs.kind}: {per_low * 1e6:.1f} µs/node at {pairs.low.depth} layers, "
+                f"{per_high * 1e6:.1f} µs/node at {pairs.high.depth} layers (medians of "
+                f"{len(ratios)} alternating pair{'s' if len(ratios) != 1 else ''}; pair by pair "
+                f"{', '.join(f'{r:.2f}x' for r in ratios)}): {ratio:.2f}x",
             )
         )
     return found
@@ -751,10 +799,12 @@ def targets(
     out = []
     largest = max(deepest, key=lambda r: r.model.nodes, default=None)
     for result in [r for r in deepest if largest and r.model.depth == largest.model.depth]:
-        value = speedup(result)
+        value = paired_speedup(result)
         out.append(
             f"target 1 (speed): gen {_ratio(value)} faster than Polygraphy on {result.model.name} "
-            f"({result.model.nodes} nodes), whole process; target >= {SPEEDUP_TARGET:g}x: "
+            f"({result.model.nodes} nodes), whole process, the median of "
+            f"{len(pair_speedups(result))} paired runs' ratios (ratio of the median times: "
+            f"{_ratio(speedup(result))}); target >= {SPEEDUP_TARGET:g}x: "
             f"{verdict(None if value is None else value >= SPEEDUP_TARGET)}"
         )
     for result in [r for r in deepest if largest and r.model.depth == largest.model.depth]:
@@ -814,16 +864,19 @@ def render(
     proofs: dict[str, BigModelProof],
     settings: str,
     floors: Sequence[str] = (),
+    linearity_pairs: Sequence[LinearityPairs] = (),
 ) -> str:
     absent = "polygraphy not installed" if polygraphy is None else "-"
     rows = [table_row(result, absent) for result in results]
-    lines = linearity(results)
+    lines = linearity(linearity_pairs)
     notes = [
         f"- Taken {env['date']} on {env['machine']}; Python {env['python']}; "
         f"{env['packages']}; shardcheck at {env['shardcheck']}.",
         f"- {settings}",
-        "- gen and Polygraphy: whole processes, paired and alternating, median wall time; peak "
-        "memory is the child's ru_maxrss. Polygraphy's log went to /dev/null.",
+        "- gen and Polygraphy: whole processes, paired and alternating, median wall time; the "
+        "speed-up is the median of the pairs' ratios (the ratio of the median times is given "
+        "beside it in the targets); peak memory is the child's ru_maxrss. Polygraphy's log went "
+        "to /dev/null.",
         "- analysis = what gen does after the parse: parse_model's checks (parse_model minus "
         "onnx.load), GraphIndex, generate (default options) and the hints' serialization. "
         "onnx.checker runs in a child process beside them (on the second core), so it is "
@@ -945,6 +998,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--verify-pairs", type=int, default=9, help="verify/replay pairs per model (noise)"
     )
+    parser.add_argument(
+        "--linearity-pairs",
+        type=int,
+        default=5,
+        help="alternating shallow/deep in-process pairs per kind (noise)",
+    )
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -955,6 +1014,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.depths = args.depths or [12, 48]
         args.repeats = args.deep_repeats = 1
+        args.linearity_pairs = 1
         args.no_big = True
     args.depths = args.depths or list(build_models.DEFAULT_DEPTHS)
     args.kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
@@ -977,6 +1037,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fingerprint = source_fingerprint()
     results: list[ModelResult] = []
     proofs: dict[str, BigModelProof] = {}
+    linearity_pairs: list[LinearityPairs] = []
     with tempfile.TemporaryDirectory(prefix="shardcheck-bench-") as directory:
         scratch = Path(directory)
         launcher = Launcher(scratch)
@@ -987,6 +1048,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if model.external_file is not None:
                     _log("  proving the weight file is never opened")
                     proofs[model.name] = prove_weights_unopened(launcher, model, scratch)
+            _log(f"linearity: {args.linearity_pairs} alternating pairs per kind")
+            linearity_pairs = measure_linearity(
+                models, args.kinds, args.linearity_pairs, launcher.env
+            )
         finally:
             launcher.close()
     settings = (
@@ -1001,7 +1066,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             " WARNING: shardcheck's sources changed during this run; the figures mix versions."
         )
         _log("warning: shardcheck's sources changed during the run; re-run for clean figures")
-    text = render(env, results, polygraphy, proofs, settings, python_floors(results))
+    text = render(
+        env, results, polygraphy, proofs, settings, python_floors(results), linearity_pairs
+    )
     print(text)
     if not args.no_write:
         args.results.write_text(text)
