@@ -1049,9 +1049,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     _log("  proving the weight file is never opened")
                     proofs[model.name] = prove_weights_unopened(launcher, model, scratch)
             _log(f"linearity: {args.linearity_pairs} alternating pairs per kind")
-            linearity_pairs = measure_linearity(
-                models, args.kinds, args.linearity_pairs, launcher.env
-            )
+            try:
+                linearity_pairs = measure_linearity(
+                    models, args.kinds, args.linearity_pairs, launcher.env
+                )
+            except Exception as exc:  # keep the other figures of the run
+                _log(f"linearity failed: {type(exc).__name__}: {exc}")
         finally:
             launcher.close()
     settings = (
