@@ -168,8 +168,9 @@ class ShapeInference:
             self.info[name] = TensorInfo(dims, value)
             if value is None and _few_integers(tensor.data_type, dims):
                 self._read_by_name.add(name)
+        nodes = index.nodes
         self._constants.update(
-            node.outputs[0] for node in index.nodes if node.op_type == "Constant" and node.outputs
+            name for name, at in index.producer.items() if nodes[at].op_type == "Constant"
         )
         # The rules' results (and whether a Constant's output is read by name), by what they
         # depend on (see _memo_key).
@@ -373,12 +374,9 @@ class ShapeInference:
     def _constant_ints(self, tensor: str) -> list[int] | None:
         """The values of a small integer constant (initializer or Constant output)."""
         info = self.info.get(tensor)
-        if info is not None and info.value is not None:
-            producer = self.index.producer_of(tensor)
-            if tensor in self.index.initializers or (
-                producer is not None and producer.op_type == "Constant"
-            ):
-                return list(info.value)  # type: ignore[arg-type]
+        # The same test of constness as the memo keys' (_memo_key): they must agree.
+        if info is not None and info.value is not None and tensor in self._constants:
+            return list(info.value)  # type: ignore[arg-type]
         return _ints(self.index.constant_value(tensor))
 
     def _gather(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
