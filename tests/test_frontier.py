@@ -10,7 +10,15 @@ from onnx import helper as oh
 
 from shardcheck.axes import AxisMapper, _blocks
 from shardcheck.detect import AttentionLayer, detect_attention
-from shardcheck.frontier import SHAPE_OPS, _ShapeSources, _SlicedTest, data_derived, find_frontier
+from shardcheck.frontier import (
+    SHAPE_OPS,
+    _must_be_whole,
+    _ShapeSources,
+    _SlicedTest,
+    _TensorIds,
+    data_derived,
+    find_frontier,
+)
 from shardcheck.graph import Dim, GraphIndex, Node
 from shardcheck.loader import load_index
 from shardcheck.shapes import ShapeInference
@@ -84,10 +92,79 @@ def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
     # Cuts of two kinds: where the graph's data enters, and each layer's Q (inside the graph).
     for cut in (set(index.graph_inputs), {layer.q for layer in layers}):
         expected = _sliced_by_following_every_cut_forward(index, cut)
-        test = _SlicedTest(index, dict.fromkeys(cut, 1))
+        ids = _TensorIds(index)
+        test = _SlicedTest(ids, [ids.id[name] for name in cut])
         # Asked in reverse graph order, so that the memo is used deep in the graph first.
+        # Every tensor a node reads or computes has an id; the others (weights no node
+        # reads) are computed from nothing.
         for tensor in reversed(list(index.all_tensor_names())):
-            assert test(tensor) == (tensor in expected), tensor
+            if tensor in ids.id:
+                assert test(ids.id[tensor]) == (tensor in expected), tensor
+            else:
+                assert tensor not in expected, tensor
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+def test_tensor_ids_give_each_tensor_its_producers_inputs(name: str) -> None:
+    index = load_index(REAL / name)
+    ids = _TensorIds(index)
+    assert len(set(ids.id.values())) == len(ids.names) == len(ids.id)
+    assert all(ids.names[ids.id[tensor]] == tensor for tensor in ids.names)
+    for tensor in ids.names:
+        producer = index.producer_of(tensor)
+        parents, read = ids.parents[ids.id[tensor]], ids.shape_read[ids.id[tensor]]
+        if producer is None:
+            assert (parents, read) == (None, -1), tensor
+        elif producer.op_type in SHAPE_OPS:
+            assert (parents, ids.names[read]) == (None, producer.inputs[0]), tensor
+        else:
+            expected = tuple(ids.id[n] for n in producer.inputs if n)
+            assert (parents, read) == (expected, -1), tensor
+
+
+def test_tensor_ids_leave_out_omitted_inputs_and_follow_the_last_producer() -> None:
+    nodes = [
+        oh.make_node("Clip", ["x", "", "hi"], ["c"], name="clip"),
+        oh.make_node("Shape", ["c"], ["s"], name="shape"),
+        # Not a valid graph ("s" computed twice); the index takes the last producer.
+        oh.make_node("Identity", ["c"], ["s"], name="again"),
+        oh.make_node("Size", ["c"], ["n"], name="size"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "ids",
+        [oh.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "hi")],
+        [oh.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("s", "n")],
+    )
+    ids = _TensorIds(GraphIndex(oh.make_model(graph)))
+    assert "" not in ids.id
+    assert ids.parents[ids.id["c"]] == (ids.id["x"], ids.id["hi"])
+    assert (ids.parents[ids.id["s"]], ids.shape_read[ids.id["s"]]) == ((ids.id["c"],), -1)
+    assert (ids.parents[ids.id["n"]], ids.shape_read[ids.id["n"]]) == (None, ids.id["c"])
+    assert ids.parents[ids.id["x"]] is None
+
+
+def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whole() -> None:
+    # t is computed from the scattered x; z, from weights only, is reshaped to t's shape; the
+    # cut k is made in z's shape. So t's length sizes k, through two Shapes: t is needed whole.
+    nodes = [
+        oh.make_node("Relu", ["x"], ["t"], name="relu"),
+        oh.make_node("Shape", ["t"], ["s1"], name="shape_of_t"),
+        oh.make_node("Reshape", ["w", "s1"], ["z"], name="reshape"),
+        oh.make_node("Shape", ["z"], ["s2"], name="shape_of_z"),
+        oh.make_node("ConstantOfShape", ["s2"], ["k"], name="fill"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "through_shapes",
+        [oh.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "w")],
+        [oh.make_tensor_value_info("k", TensorProto.FLOAT, None)],
+    )
+    index = GraphIndex(oh.make_model(graph))
+    cut = {"x": 0, "k": 0}
+    region = {**cut, "t": 0}
+    inside = ({0}, set())  # the Relu is in the region: x is read inside it only
+    assert _must_be_whole(index, _TensorIds(index), region, inside, cut) == {"t"}
 
 
 def test_sliced_test_ends_on_a_cycle() -> None:
@@ -101,9 +178,9 @@ def test_sliced_test_ends_on_a_cycle() -> None:
         [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [oh.make_tensor_value_info("b", TensorProto.FLOAT, [2])],
     )
-    index = GraphIndex(oh.make_model(graph))
-    assert _SlicedTest(index, {"x": 0})("b") is True
-    assert _SlicedTest(index, {"y": 0})("b") is False
+    ids = _TensorIds(GraphIndex(oh.make_model(graph)))
+    assert _SlicedTest(ids, [ids.id["x"]])(ids.id["b"]) is True
+    assert _SlicedTest(ids, [])(ids.id["b"]) is False
 
 
 @pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
