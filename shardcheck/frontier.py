@@ -81,9 +81,11 @@ def find_frontier(
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     sources = _ShapeSources(index, derived)
     ids = _TensorIds(index)
+    back = _BackWalk(index, mapper, ids, derived, layer_outputs)
     for _ in range(MAX_ROUNDS):
-        region, region_nodes, cut = _walk_back(index, mapper, derived, seeds, whole, layer_outputs)
-        needed = _must_be_whole(index, ids, region, (region_nodes, forward_nodes), cut)
+        walked = back.walk(seeds, whole)
+        region, region_nodes, cut = walked.tensors, walked.nodes, walked.cut
+        needed = _must_be_whole(index, ids, walked, forward_nodes)
         needed |= _sized_whole(index, mapper, sources, region, region_nodes)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -368,44 +370,99 @@ def _axis_ends(
     return origins, from_input
 
 
-def _walk_back(
-    index: GraphIndex,
-    mapper: AxisMapper,
-    derived: set[str],
-    seeds: list[tuple[str, int]],
-    whole: set[str],
-    layer_outputs: dict[str, AttentionLayer],
-) -> tuple[dict[str, int], set[int], dict[str, int]]:
-    region: dict[str, int] = {}
-    region_nodes: set[int] = set()
-    cut: dict[str, int] = {}
-    queue = deque(seeds)
-    pop, extend = queue.popleft, queue.extend
-    producers, nodes = index.producer, index.nodes
-    input_axes = mapper.input_axes
-    while queue:
-        tensor, axis = pop()
-        if tensor in region:
-            continue
-        region[tensor] = axis
-        layer = layer_outputs.get(tensor)
-        if layer is not None:
-            # An earlier layer: its inside is sliced along the query axis and its Q, K, V
-            # and masks are seeds of their own.
-            region_nodes.update(layer.internal)
-            continue
-        producer_index = producers.get(tensor)
-        if producer_index is None or tensor not in derived or tensor in whole:
-            cut[tensor] = axis
-            continue
-        producer = nodes[producer_index]
-        mapped = None if producer.op_type == "Constant" else input_axes(producer, axis)
-        if mapped is None or (whole and any(name in whole for name, _ in mapped)):
-            cut[tensor] = axis
-            continue
-        region_nodes.add(producer_index)
-        extend(mapped)
-    return region, region_nodes, cut
+# The mapper's answer not asked yet (None is an answer: the op mixes positions).
+_NOT_ASKED: list[tuple[int, int]] = []
+
+
+class _BackWalk:
+    """The region of a round: everything walked back from the seeds through position-wise
+    ops, with the axis each tensor carries, the nodes computing it, and where the walk
+    stopped (the cuts). It runs on tensor ids (see _TensorIds); the mapper's answers, as ids,
+    are kept for the later rounds."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        mapper: AxisMapper,
+        ids: _TensorIds,
+        derived: set[str],
+        layer_outputs: dict[str, AttentionLayer],
+    ) -> None:
+        self.index = index
+        self.mapper = mapper
+        self.ids = ids
+        self.derived = ids.flags(derived)
+        self.layer_outputs = {ids.id[name]: layer for name, layer in layer_outputs.items()}
+        self.mapped: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+
+    def walk(self, seeds: list[tuple[str, int]], whole: set[str]) -> _Region:
+        ids = self.ids
+        id_of, names = ids.id, ids.names
+        whole_flags = ids.flags(whole)
+        region: dict[int, int] = {}
+        region_nodes: set[int] = set()
+        cut: dict[int, int] = {}
+        queue = deque([(id_of[name], axis) for name, axis in seeds])
+        pop, extend = queue.popleft, queue.extend
+        producers, nodes, derived = ids.producer, self.index.nodes, self.derived
+        layer_outputs, known = self.layer_outputs, self.mapped
+        input_axes = self.mapper.input_axes
+        while queue:
+            tensor, axis = pop()
+            if tensor in region:
+                continue
+            region[tensor] = axis
+            layer = layer_outputs.get(tensor)
+            if layer is not None:
+                # An earlier layer: its inside is sliced along the query axis and its Q, K, V
+                # and masks are seeds of their own.
+                region_nodes.update(layer.internal)
+                continue
+            producer_index = producers[tensor]
+            if producer_index < 0 or not derived[tensor] or whole_flags[tensor]:
+                cut[tensor] = axis
+                continue
+            key = (producer_index, axis)
+            mapped = known.get(key, _NOT_ASKED)
+            if mapped is _NOT_ASKED:
+                producer = nodes[producer_index]
+                found = None if producer.op_type == "Constant" else input_axes(producer, axis)
+                mapped = known[key] = (
+                    None if found is None else [(id_of[name], at) for name, at in found]
+                )
+            if mapped is None or (whole and any(whole_flags[name] for name, _ in mapped)):
+                cut[tensor] = axis
+                continue
+            region_nodes.add(producer_index)
+            extend(mapped)
+        in_region = bytearray(len(names))
+        for tensor in region:
+            in_region[tensor] = 1
+        return _Region(
+            {names[tensor]: axis for tensor, axis in region.items()},
+            region_nodes,
+            {names[tensor]: axis for tensor, axis in cut.items()},
+            in_region,
+            list(cut),
+        )
+
+
+@dataclass(frozen=True)
+class _Region:
+    """What a round's walk back reached: the tensors (with the axis each carries), the
+    nodes computing them, and the cuts; the tensors and cuts as ids too."""
+
+    tensors: dict[str, int]
+    nodes: set[int]
+    cut: dict[str, int]
+    in_region: bytearray  # by tensor id
+    cut_ids: list[int]
+
+    @classmethod
+    def of(
+        cls, ids: _TensorIds, tensors: dict[str, int], nodes: set[int], cut: dict[str, int]
+    ) -> _Region:
+        return cls(tensors, nodes, cut, ids.flags(tensors), [ids.id[name] for name in cut])
 
 
 class _TensorIds:
@@ -427,7 +484,8 @@ class _TensorIds:
         # As in the index, the last node naming an output is its producer.
         self.parents: list[tuple[int, ...] | None] = [None] * count
         self.shape_read: list[int] = [-1] * count
-        parents, shape_read = self.parents, self.shape_read
+        self.producer: list[int] = [-1] * count
+        parents, shape_read, producer = self.parents, self.shape_read, self.producer
         id_of = self.id.__getitem__
         for node in nodes:
             names = node.inputs
@@ -442,6 +500,7 @@ class _TensorIds:
                     output_id = id_of(output)
                     parents[output_id] = inputs
                     shape_read[output_id] = read
+                    producer[output_id] = node.index
 
     def flags(self, tensors: Iterable[str]) -> bytearray:
         flags = bytearray(len(self.names))
@@ -452,19 +511,14 @@ class _TensorIds:
 
 
 def _must_be_whole(
-    index: GraphIndex,
-    ids: _TensorIds,
-    region: dict[str, int],
-    inside: tuple[set[int], set[int]],
-    cut: dict[str, int],
+    index: GraphIndex, ids: _TensorIds, region: _Region, forward_nodes: set[int]
 ) -> set[str]:
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
-    cuts that nodes read outside the region (``inside``: its nodes, and those after the
-    layers): both must be computed whole."""
+    cuts that nodes read outside the region (its nodes, and ``forward_nodes``, those after
+    the layers): both must be computed whole."""
     needed: set[str] = set()
     off_walk: list[int] = []
-    cut_ids = [ids.id[name] for name in cut]
-    in_region = ids.flags(region)
+    cut_ids, in_region = region.cut_ids, region.in_region
     sliced = _SlicedTest(ids, cut_ids)
     # One walk back from every cut at once (the union is what counts): through tensors
     # computed whole (a region tensor that is no cut ends it), to the Shape nodes that read a
@@ -501,8 +555,8 @@ def _must_be_whole(
                 append(name)
     needed |= _region_ancestors(ids, off_walk, in_region)
     consumers, nodes = index.consumers, index.nodes
-    region_nodes, forward_nodes = inside
-    for tensor in cut:
+    region_nodes = region.nodes
+    for tensor in region.cut:
         if any(
             user not in region_nodes
             and user not in forward_nodes

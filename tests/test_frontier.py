@@ -13,6 +13,7 @@ from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.frontier import (
     SHAPE_OPS,
     _must_be_whole,
+    _Region,
     _ShapeSources,
     _SlicedTest,
     _TensorIds,
@@ -161,10 +162,11 @@ def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whol
         [oh.make_tensor_value_info("k", TensorProto.FLOAT, None)],
     )
     index = GraphIndex(oh.make_model(graph))
+    ids = _TensorIds(index)
     cut = {"x": 0, "k": 0}
-    region = {**cut, "t": 0}
-    inside = ({0}, set())  # the Relu is in the region: x is read inside it only
-    assert _must_be_whole(index, _TensorIds(index), region, inside, cut) == {"t"}
+    # The Relu (node 0) is in the region: x is read inside it only.
+    region = _Region.of(ids, {**cut, "t": 0}, {0}, cut)
+    assert _must_be_whole(index, ids, region, set()) == {"t"}
 
 
 def test_sliced_test_ends_on_a_cycle() -> None:
