@@ -430,11 +430,15 @@ class _BackWalk:
                 mapped = known[key] = (
                     None if found is None else [(id_of[name], at) for name, at in found]
                 )
-            if mapped is None or (whole and any(whole_flags[name] for name, _ in mapped)):
-                cut[tensor] = axis
-                continue
-            region_nodes.add(producer_index)
-            extend(mapped)
+            if mapped is not None:
+                for name, _ in mapped:
+                    if whole_flags[name]:
+                        break
+                else:
+                    region_nodes.add(producer_index)
+                    extend(mapped)
+                    continue
+            cut[tensor] = axis
         in_region = bytearray(len(names))
         for tensor in region:
             in_region[tensor] = 1
