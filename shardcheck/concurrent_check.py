@@ -5,7 +5,10 @@ on a 32k-node model), so a thread cannot overlap it with anything. A forked chil
 shares the parsed model and the file's bytes with the parent (copy on write), runs
 ``ParsedModel.check`` and sends back its one-line error, if any. The parent analyses in the
 meantime and takes the verdict before it writes anything: a model the checker refuses is refused
-exactly as before, with the same message, and whatever the analysis made of it is dropped.
+exactly as before, with the same message, and whatever the analysis made of it is dropped. The
+check includes the walk over the nodes for duplicate names and external tensors in attributes;
+a child that passes the model sends the external weight files it found, so that the parent never
+makes that walk itself.
 
 Where there is no ``fork`` (Windows), or other threads are running, native ones included
 (forking beside them is unsafe), the check simply runs first, in the process itself.
@@ -14,6 +17,7 @@ Where there is no ``fork`` (Windows), or other threads are running, native ones 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -23,7 +27,9 @@ from contextlib import contextmanager
 from shardcheck.errors import ModelError
 from shardcheck.loader import ParsedModel
 
-_FAILED = b"E"  # the child's answer: b"" when the model passed, _FAILED + message otherwise
+# The child's answer: _PASSED + the external weight files its walk over the nodes found (JSON),
+# or _FAILED + the checker's message.
+_PASSED, _FAILED = b"P", b"E"
 
 
 @contextmanager
@@ -82,7 +88,8 @@ def _start(parsed: ParsedModel) -> tuple[int, int] | None:
             os.close(read_end)
             try:
                 parsed.check()
-                answer = b""
+                locations = sorted(parsed.external_locations())
+                answer = _PASSED + json.dumps(locations).encode("utf-8")
             except ModelError as exc:
                 answer = _FAILED + exc.message.encode("utf-8", "replace")
             with os.fdopen(write_end, "wb") as pipe:
@@ -116,4 +123,4 @@ def _finish(parsed: ParsedModel, child: tuple[int, int]) -> None:
         return
     if answer.startswith(_FAILED):
         raise ModelError(answer[len(_FAILED) :].decode("utf-8", "replace")) from None
-    parsed.mark_checked()
+    parsed.mark_checked(set(json.loads(answer[len(_PASSED) :])))

@@ -12,7 +12,7 @@ import gc
 import math
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -173,12 +173,13 @@ class GraphIndex:
         model: onnx.ModelProto,
         source: str = "<model>",
         *,
-        external_tensors: list[onnx.TensorProto] | None = None,
+        external_tensors: Callable[[], list[onnx.TensorProto]] | None = None,
     ) -> None:
         self.model = model
         self.source = source
-        # Known when the loader has already looked at every tensor of the model.
-        self._external_tensors = external_tensors
+        # How the loader finds (or has found) the external tensors of the model, if it does.
+        self._find_external_tensors = external_tensors
+        self._external_tensors: list[onnx.TensorProto] | None = None
         graph = model.graph
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [
@@ -235,7 +236,8 @@ class GraphIndex:
     def external_tensors(self) -> list[onnx.TensorProto]:
         """The model's tensors whose data is in external files (see ``model_tensors``)."""
         if self._external_tensors is None:
-            self._external_tensors = external_tensors(self.model)
+            find = self._find_external_tensors
+            self._external_tensors = find() if find else external_tensors(self.model)
         return self._external_tensors
 
     def external_locations(self) -> set[str]:

@@ -107,10 +107,9 @@ def load_index(path: str | os.PathLike[str]) -> GraphIndex:
 
 
 def index_parsed(parsed: ParsedModel) -> GraphIndex:
-    """The index of a parsed model, with the external weight files the parse found."""
-    return GraphIndex(
-        parsed.model, source=parsed.source, external_tensors=parsed.external_tensors()
-    )
+    """The index of a parsed model, with the external weight files the parse finds (looked
+    for when first asked)."""
+    return GraphIndex(parsed.model, source=parsed.source, external_tensors=parsed.external_tensors)
 
 
 class ParsedModel:
@@ -125,13 +124,17 @@ class ParsedModel:
         self,
         model: onnx.ModelProto,
         source: str,
-        checker_input: bytes | mmap.mmap | None,
-        scan: _Scan,
+        file: Path,
+        content: bytes | mmap.mmap | None,
+        initializers: _InitializerScan,
     ) -> None:
         self.model = model
         self.source = source
-        self._content = checker_input
-        self._scan = scan
+        self._file = file
+        self._content = content
+        self._initializers = initializers
+        self._scan: _Scan | None = None
+        self._locations: set[str] | None = None
         self._checked = False
 
     @property
@@ -139,17 +142,41 @@ class ParsedModel:
         """The file's bytes, when they are the model's protobuf with every weight inside (for
         the checker and onnxruntime, which take bytes); read from the mapped file when first
         asked for."""
+        if self._content is None or self._full_scan().external:
+            return None
         if isinstance(self._content, mmap.mmap):
             self._content = bytes(self._content)
         return self._content
 
+    def _full_scan(self) -> _Scan:
+        """The external initializers, found by the parse, and the walk over the nodes (their
+        names, the tensors in their attributes), made when first needed: gen has the checker's
+        child make it (see concurrent_check), beside the analysis. External tensors in
+        attributes are refused here as initializers are by the parse."""
+        if self._scan is None:
+            duplicates, in_nodes = _scan_nodes(self.model)
+            _check_external_tensors(in_nodes, self._file, "tensor in a node attribute")
+            initializers = self._initializers
+            self._scan = _Scan(
+                duplicates,
+                [*initializers.external, *in_nodes],
+                None if in_nodes else initializers.positions,
+            )
+        return self._scan
+
     def external_tensors(self) -> list[onnx.TensorProto]:
-        """The model's tensors whose data is in external files, as the parse found them."""
-        return self._scan.external
+        """The model's tensors whose data is in external files."""
+        return self._full_scan().external
 
     def external_locations(self) -> set[str]:
-        """The files that hold the model's external tensors, as the parse found them."""
-        return locations_of(self._scan.external)
+        """The files that hold the model's external tensors."""
+        if self._locations is None:
+            self._locations = locations_of(self._full_scan().external)
+        return self._locations
+
+    def initializer_locations(self) -> set[str]:
+        """The files that hold the model's external initializers (the parse found them)."""
+        return locations_of(self._initializers.external)
 
     def release_file(self) -> None:
         """Close the mapped file, if any: from now on the checker reads the parsed model. A
@@ -160,16 +187,20 @@ class ParsedModel:
             self._content.close()
             self._content = None
 
-    def mark_checked(self) -> None:
-        """The checks of ``check`` passed elsewhere (in a child process)."""
+    def mark_checked(self, external_locations: set[str]) -> None:
+        """The checks of ``check`` passed elsewhere (in a child process), which found the
+        model's external tensors in these files."""
         self._checked = True
+        self._locations = external_locations
 
     def check(self) -> None:
-        """``onnx.checker`` and the unique node names (ModelError); once."""
+        """``onnx.checker``, the unique node names and the locations of external tensors in
+        attributes (ModelError); once."""
         if self._checked:
             return
-        _check_model(self.model, self.source, self.serialized, scan=self._scan)
-        _refuse_duplicate_names(self._scan.duplicate_names, self.source)
+        scan = self._full_scan()
+        _check_model(self.model, self.source, self.serialized, scan=scan)
+        _refuse_duplicate_names(scan.duplicate_names, self.source)
         self._checked = True
 
 
@@ -203,10 +234,11 @@ def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> Pa
         ) from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{source}: not an ONNX model (the protobuf has no graph or IR version)")
-    scan = _scan(model)
-    _check_external_tensors(scan.external, file)
-    checker_input = content if model_format == _PROTOBUF and not scan.external else None
-    return ParsedModel(model, source, checker_input, scan)
+    initializers = _scan_initializers(model)
+    _check_external_tensors(initializers.external, file)
+    # The bytes are kept for the checker and onnxruntime only if they are all the model is.
+    kept = content if model_format == _PROTOBUF and not initializers.external else None
+    return ParsedModel(model, source, file, kept, initializers)
 
 
 def _read(file: Path) -> bytes | mmap.mmap:
@@ -251,6 +283,13 @@ def _deserialize(file: Path, content: bytes | mmap.mmap) -> tuple[str, onnx.Mode
 
 
 @dataclass(frozen=True)
+class _InitializerScan:
+    # The external initializers, and their positions in graph.initializer.
+    external: list[onnx.TensorProto]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class _Scan:
     duplicate_names: set[str]
     # The external tensors, in ``graph.model_tensors`` order.
@@ -260,16 +299,21 @@ class _Scan:
     initializer_positions: tuple[int, ...] | None
 
 
-def _scan(model: onnx.ModelProto) -> _Scan:
-    """One pass over the main graph's nodes: duplicate node names and external tensors."""
-    graph = model.graph
+def _scan_initializers(model: onnx.ModelProto) -> _InitializerScan:
+    initializers = model.graph.initializer
     positions = tuple(
-        i for i, tensor in enumerate(graph.initializer) if tensor.data_location == _EXTERNAL
+        i for i, tensor in enumerate(initializers) if tensor.data_location == _EXTERNAL
     )
-    external = [graph.initializer[i] for i in positions]
+    return _InitializerScan([initializers[i] for i in positions], positions)
+
+
+def _scan_nodes(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
+    """One pass over the main graph's nodes: duplicate node names, and the external tensors
+    in attributes (then in functions)."""
+    external: list[onnx.TensorProto] = []
     seen: set[str] = set()
     duplicates: set[str] = set()
-    for node in graph.node:
+    for node in model.graph.node:
         name = node.name
         if name:
             if name in seen:
@@ -287,21 +331,22 @@ def _scan(model: onnx.ModelProto) -> _Scan:
                 )
     for function in model.functions:
         external.extend(t for t in node_tensors(function.node) if t.data_location == _EXTERNAL)
-    only_initializers = len(external) == len(positions)
-    return _Scan(duplicates, external, positions if only_initializers else None)
+    return duplicates, external
 
 
-def _check_external_tensors(external: list[onnx.TensorProto], file: Path) -> None:
+def _check_external_tensors(
+    external: list[onnx.TensorProto], file: Path, kind: str = "initializer"
+) -> None:
     if not external:
         return
     base = weights_dir(file)
     inside: dict[str, bool] = {}  # location -> inside the model's directory
     for tensor in external:
-        _check_external_tensor(tensor, file, base, inside)
+        _check_external_tensor(tensor, file, base, inside, kind)
 
 
 def _check_external_tensor(
-    tensor: onnx.TensorProto, file: Path, base: Path, inside: dict[str, bool]
+    tensor: onnx.TensorProto, file: Path, base: Path, inside: dict[str, bool], kind: str
 ) -> None:
     """What ``onnx.checker`` checks of an external tensor, but the existence of its file."""
     for name in _VALUE_FIELDS:
@@ -312,7 +357,7 @@ def _check_external_tensor(
             )
     location = next((e.value for e in tensor.external_data if e.key == "location"), None)
     if not location:
-        raise ModelError(f"{file}: initializer {tensor.name!r}: external data has no location")
+        raise ModelError(f"{file}: {kind} {tensor.name!r}: external data has no location")
     if location not in inside:
         inside[location] = not (
             Path(location).is_absolute()
@@ -321,7 +366,7 @@ def _check_external_tensor(
         )
     if not inside[location]:
         raise ModelError(
-            f"{file}: initializer {tensor.name!r}: external data location {location!r} is "
+            f"{file}: {kind} {tensor.name!r}: external data location {location!r} is "
             "outside the model's directory; refused"
         )
 

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from conftest import FIXTURES, run_cli
 
-from shardcheck import concurrent_check, protos
+from shardcheck import concurrent_check, loader, protos
 from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import ModelError
-from shardcheck.loader import load_index, parse_model
+from shardcheck.loader import index_parsed, load_index, parse_model
 
 MODEL = FIXTURES / "attention_head.onnx"
 FORK_BESIDE_THREADS = "ignore:This process .* is multi-threaded, use of fork"
@@ -139,6 +139,78 @@ def test_a_child_that_dies_is_replaced_by_a_check_in_the_process(
     assert (tmp_path / "hints.json").exists() == valid
     pids = _pids(record)
     assert len(pids) == 2 and pids[0] != parent and pids[1] == parent
+
+
+def _with_external_constant(directory: Path, location: str) -> Path:
+    """MODEL with one more node: a Constant whose value is in the external file ``location``
+    (nothing reads it; only the walk over the nodes finds it, no initializer is external)."""
+    model = onnx.load(MODEL)
+    value = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [4], [0.0] * 4)
+    value.ClearField("float_data")
+    value.data_location = onnx.TensorProto.EXTERNAL
+    value.external_data.add(key="location", value=location)
+    model.graph.node.append(onnx.helper.make_node("Constant", [], ["unused"], value=value))
+    path = directory / "external_constant.onnx"
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_gen_refuses_to_write_over_the_weight_file_of_a_constant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool
+) -> None:
+    if not fork:
+        monkeypatch.setattr(concurrent_check, "_can_fork", lambda: False)
+    weights = tmp_path / "table.bin"
+    weights.write_bytes(bytes(16))
+    model = _with_external_constant(tmp_path, "table.bin")
+    result = run_cli("gen", model, "-o", weights)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"shardcheck: error: {weights}: is a weight file of the model; write the hints elsewhere\n"
+    )
+    assert weights.read_bytes() == bytes(16)
+    assert run_cli("gen", model, "-o", tmp_path / "hints.json").exit_code == 0
+
+
+def test_gen_refuses_a_constant_whose_weights_are_outside_the_models_directory(
+    tmp_path: Path,
+) -> None:
+    model = _with_external_constant(tmp_path, "../table.bin")
+    result = run_cli("gen", model, "-o", tmp_path / "hints.json")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"shardcheck: error: {model}: tensor in a node attribute 'table': external data location "
+        "'../table.bin' is outside the model's directory; refused\n"
+    )
+    assert not (tmp_path / "hints.json").exists()
+
+
+def test_the_child_walks_the_nodes_and_the_parent_takes_what_it_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = os.getpid()
+    walks: list[int] = []  # this process's walks over the nodes (the child's are its own)
+    real = loader._scan_nodes
+
+    def counted(model: Any) -> Any:
+        if os.getpid() == parent:
+            walks.append(parent)
+        return real(model)
+
+    monkeypatch.setattr(loader, "_scan_nodes", counted)
+    parsed = parse_model(_with_external_constant(tmp_path, "table.bin"))
+    assert parsed.initializer_locations() == set()
+    with checked_concurrently(parsed):
+        pass
+    assert parsed.external_locations() == {"table.bin"}
+    assert walks == []
+    # Without the child's answer, the parent walks the nodes itself, once, and finds the same.
+    parsed = parse_model(_with_external_constant(tmp_path, "table.bin"))
+    assert parsed.serialized is None  # not all of the model is in the file
+    assert [t.name for t in index_parsed(parsed).external_tensors()] == ["table"]
+    assert parsed.external_locations() == {"table.bin"}
+    assert walks == [parent]
 
 
 @pytest.fixture

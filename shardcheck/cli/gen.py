@@ -127,16 +127,19 @@ def gen(model: str, output: str, **options: object) -> int:
         raise InputError(f"{output}: is the input model; write the hints elsewhere")
     with gc_paused():
         parsed = parse_model(model)
-        locations = parsed.external_locations()
-        for location in locations:
-            if same_file(output, Path(model).parent / location):
-                raise InputError(
-                    f"{output}: is a weight file of the model; write the hints elsewhere"
-                )
+        _refuse_weight_file(output, model, parsed.initializer_locations())
         with checked_concurrently(parsed):
             index = index_parsed(parsed)
             result = generate(index, gen_options)
+    # Weights in node attributes (a Constant's) are known once the checks have run.
+    _refuse_weight_file(output, model, parsed.external_locations())
     for warning in result.warnings:
         warning_line(warning)
     write_hints(output, result.hints)
     return 0
+
+
+def _refuse_weight_file(output: str, model: str, locations: set[str]) -> None:
+    for location in sorted(locations):
+        if same_file(output, Path(model).parent / location):
+            raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
