@@ -677,7 +677,7 @@ def paired_speedup(result: ModelResult) -> float | None:
 
 TABLE_HEADER = (
     "| model | nodes | onnx.load ms | gen analysis ms (checks + index + generate; "
-    "onnx.checker beside them) "
+    "onnx.checker and the walk over the nodes beside them) "
     "| analysis / load | gen s | gen peak MiB | Polygraphy s | Polygraphy peak MiB "
     "| Polygraphy / gen (median of pairs) | verify: whole vs its onnxruntime work "
     "| simulation vs 1 inference |\n"
@@ -879,7 +879,8 @@ def render(
         "to /dev/null.",
         "- analysis = what gen does after the parse: parse_model's checks (parse_model minus "
         "onnx.load), GraphIndex, generate (default options) and the hints' serialization. "
-        "onnx.checker runs in a child process beside them (on the second core), so it is "
+        "onnx.checker, and the walk over the nodes for duplicate names and external tensors in "
+        "attributes, run in a child process beside them (on the second core), so they are "
         "shown apart, after the semicolon.",
     ]
     notes += [f"- linearity: {text}" for _kind, _ratio_value, text in lines]
