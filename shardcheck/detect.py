@@ -250,11 +250,14 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
             if tensor in seen:
                 continue
             seen.add(tensor)
-            if _may_be_triangular_constant(index, tensor):
+            producer = index.producer_of(tensor)
+            # Only a constant (an initializer or a Constant's output) may be a triangular mask.
+            if (
+                producer is None or producer.op_type == "Constant" or tensor in index.initializers
+            ) and _may_be_triangular_constant(index, tensor):
                 value = index.constant_value(tensor)
                 if value is not None and _is_triangular(value):
                     return f"constant triangular mask {tensor}"
-            producer = index.producer_of(tensor)
             if producer is None:
                 continue
             if producer.op_type == "Trilu":
