@@ -141,7 +141,7 @@ def _check_cuts(
         whole_when_read |= {layer.gathered_k, layer.gathered_v}
     sliced = set(cut)
     for node in index.nodes:
-        if node.op_type in SHAPE_OPS:
+        if node.op_type in SHAPE_OPS or sliced.isdisjoint(node.inputs):
             continue
         reads = [name for name in node.inputs if name in sliced and name not in whole_when_read]
         if not reads:
@@ -183,9 +183,11 @@ class _ShapeSources:
             from_shapes.discard("")
 
     def of(self, tensor: str) -> frozenset[str]:
-        if tensor in self.memo:
-            return self.memo[tensor]
-        self.memo[tensor] = frozenset()  # guards against cycles in malformed graphs
+        memo = self.memo
+        known = memo.get(tensor)
+        if known is not None:
+            return known
+        memo[tensor] = frozenset()  # guards against cycles in malformed graphs
         producer_index = self.index.producer.get(tensor)
         producer = None if producer_index is None else self.index.nodes[producer_index]
         found: set[str] = set()
@@ -193,11 +195,13 @@ class _ShapeSources:
             if producer.op_type in SHAPE_OPS:
                 found.add(producer.inputs[0])
             else:
+                derived = self.derived
                 for name in producer.inputs:
-                    if name and name not in self.derived:
-                        found |= self.of(name)
-        self.memo[tensor] = frozenset(found)
-        return self.memo[tensor]
+                    if name and name not in derived:
+                        sources = memo.get(name)
+                        found |= self.of(name) if sources is None else sources
+        memo[tensor] = result = frozenset(found)
+        return result
 
     def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[str]:
         """The tensors whose Shape sizes ``node``'s output along ``axis``: the sources of its
