@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shardcheck.graph import Dim, GraphIndex, Node
+from shardcheck.graph import Dim, GraphIndex, Node, Shape
 from shardcheck.shapes import ELEMENTWISE, ShapeInference, Size, size_of
 
 AxisList = list[tuple[str, int]]
@@ -56,7 +56,8 @@ class AxisMapper:
         # The frontier search asks the same questions in every round: answer each once.
         self._memo: dict[tuple[int, int], AxisList | None] = {}
         self._forward_memo: dict[tuple[int, str, int], int | None] = {}
-        self._reshape_blocks: dict[int, list[tuple[list[int], list[int]]]] = {}
+        # A reshape's blocks depend on its two shapes only: a model's layers share them.
+        self._reshape_blocks: dict[tuple[Shape, Shape], list[tuple[list[int], list[int]]]] = {}
 
     def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
         key = (node.index, out_axis)
@@ -198,9 +199,9 @@ class AxisMapper:
         target = self.shapes.shape(node.outputs[0])
         if source is None or target is None or not carries(target[out_axis], self.seq):
             return None
-        blocks = self._reshape_blocks.get(node.index)
+        blocks = self._reshape_blocks.get((source, target))
         if blocks is None:
-            blocks = self._reshape_blocks[node.index] = _blocks(source, target)
+            blocks = self._reshape_blocks[source, target] = _blocks(source, target)
         for in_axes, out_axes in blocks:
             if out_axis in out_axes:
                 carrying = [a for a in in_axes if carries(source[a], self.seq)]
