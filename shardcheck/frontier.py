@@ -79,14 +79,14 @@ def find_frontier(
     # This first walk only gives the nodes after the layers; the last one, once the region is
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
-    sources = _ShapeSources(index, derived)
     ids = _TensorIds(index)
+    sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, derived, layer_outputs)
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
-        region, region_nodes, cut = walked.tensors, walked.nodes, walked.cut
+        region, cut = walked.tensors, walked.cut
         needed = _must_be_whole(index, ids, walked, forward_nodes)
-        needed |= _sized_whole(index, mapper, sources, region, region_nodes)
+        needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
         if not needed and not masks:
@@ -158,13 +158,16 @@ def _check_cuts(
 
 class _ShapeSources:
     """For a shape-like tensor (computed from shapes and constants), the tensors whose Shape
-    it is computed from. Memoised, so the whole analysis stays linear."""
+    it is computed from. Memoised, so the whole analysis stays linear; on tensor ids (see
+    _TensorIds), by name for the few questions asked by name."""
 
-    def __init__(self, index: GraphIndex, derived: set[str]) -> None:
+    def __init__(self, index: GraphIndex, ids: _TensorIds, derived: set[str]) -> None:
         self.index = index
+        self.ids = ids
         self.derived = derived
-        self.memo: dict[str, frozenset[str]] = {}
-        self.sizing_memo: dict[tuple[int, int], frozenset[str]] = {}
+        self._derived = ids.flags(derived)
+        self._memo: list[frozenset[int] | None] = [None] * len(ids.names)
+        self.sizing_memo: dict[tuple[int, int], frozenset[int]] = {}
         # The nodes with an input computed from some tensor's Shape (one whose ``of`` is not
         # empty): only these can be sized by one. Most nodes have none (their other inputs are
         # weights and constants); every round skips them at once. One pass in graph order.
@@ -183,27 +186,30 @@ class _ShapeSources:
             from_shapes.discard("")
 
     def of(self, tensor: str) -> frozenset[str]:
-        memo = self.memo
-        known = memo.get(tensor)
+        names = self.ids.names
+        return frozenset(names[source] for source in self.of_id(self.ids.id[tensor]))
+
+    def of_id(self, tensor: int) -> frozenset[int]:
+        memo = self._memo
+        known = memo[tensor]
         if known is not None:
             return known
-        memo[tensor] = frozenset()  # guards against cycles in malformed graphs
-        producer_index = self.index.producer.get(tensor)
-        producer = None if producer_index is None else self.index.nodes[producer_index]
-        found: set[str] = set()
-        if producer is not None:
-            if producer.op_type in SHAPE_OPS:
-                found.add(producer.inputs[0])
-            else:
-                derived = self.derived
-                for name in producer.inputs:
-                    if name and name not in derived:
-                        sources = memo.get(name)
-                        found |= self.of(name) if sources is None else sources
-        memo[tensor] = result = frozenset(found)
+        memo[tensor] = _NO_SOURCES  # guards against cycles in malformed graphs
+        read = self.ids.shape_read[tensor]
+        if read >= 0:
+            result = frozenset((read,))
+        else:
+            found: set[int] = set()
+            derived = self._derived
+            for name in self.ids.parents[tensor] or ():
+                if not derived[name]:
+                    sources = memo[name]
+                    found |= self.of_id(name) if sources is None else sources
+            result = frozenset(found)
+        memo[tensor] = result
         return result
 
-    def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[str]:
+    def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[int]:
         """The tensors whose Shape sizes ``node``'s output along ``axis``: the sources of its
         shape-like inputs other than those the axis comes from. The same in every round."""
         key = (node_index, axis)
@@ -220,34 +226,37 @@ class _ShapeSources:
             if shape_like:
                 mapped = mapper.input_axes(node, axis) or []
                 followed = {name for name, _ in mapped}
+                id_of, of = self.ids.id, self.of_id
                 found = frozenset(
                     source
                     for name in shape_like
                     if name not in followed
-                    for source in self.of(name)
+                    for source in of(id_of[name])
                 )
             else:
-                found = frozenset()
+                found = _NO_SOURCES
             self.sizing_memo[key] = found
         return found
 
 
+_NO_SOURCES: frozenset[int] = frozenset()
+
+
 def _sized_whole(
-    index: GraphIndex,
-    mapper: AxisMapper,
-    sources: _ShapeSources,
-    region: dict[str, int],
-    region_nodes: set[int],
+    index: GraphIndex, mapper: AxisMapper, sources: _ShapeSources, region: _Region
 ) -> set[str]:
     """Outputs of region nodes sized by the Shape of a whole tensor (an Expand, Reshape or
     Slice whose target is computed from a tensor no rank slices): such an output has the whole
     length, so the cut has to be at it, not before."""
     stops: set[str] = set()
-    for node_index in region_nodes & sources.sizable:
+    axes, in_region = region.tensors, region.in_region
+    for node_index in region.nodes & sources.sizable:
         output = index.nodes[node_index].outputs[0]
-        sized_by = sources.sizing(node_index, region.get(output, 0), mapper)
-        if sized_by and not sized_by <= region.keys():
-            stops.add(output)
+        sized_by = sources.sizing(node_index, axes.get(output, 0), mapper)
+        for source in sized_by:
+            if not in_region[source]:
+                stops.add(output)
+                break
     return stops
 
 

@@ -189,7 +189,7 @@ def test_sliced_test_ends_on_a_cycle() -> None:
 def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) -> None:
     index = load_index(REAL / name)
     derived = data_derived(index)
-    sources = _ShapeSources(index, derived)
+    sources = _ShapeSources(index, _TensorIds(index), derived)
     # The definition, through the memoised source sets of each input.
     expected = {
         node.index
