@@ -990,7 +990,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kinds", default=",".join(build_models.KINDS))
     parser.add_argument("--repeats", type=int, default=3, help="process pairs per model")
     parser.add_argument(
-        "--deep-repeats", type=int, default=5, help="process pairs per model of the deepest depth"
+        "--deep-repeats", type=int, default=9, help="process pairs per model of the deepest depth"
     )
     parser.add_argument("--big-gb", type=float, default=1.0, help="GiB of external weights")
     parser.add_argument("--no-big", action="store_true")
@@ -1002,7 +1002,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--linearity-pairs",
         type=int,
-        default=5,
+        default=9,
         help="alternating shallow/deep in-process pairs per kind (noise)",
     )
     parser.add_argument("--ranks", type=int, default=2)
