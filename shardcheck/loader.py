@@ -2,7 +2,9 @@
 
 gen needs the graph, not the weights: external data files are never opened here, and need not
 exist. Their locations are still checked, so that a model pointing outside its own directory is
-refused before anything else (verify or shard) would follow the path.
+refused before anything else (verify or shard) would follow the path: the initializers' when the
+file is parsed, those in node attributes (a Constant's) by the walk over the nodes, made when
+first needed (by the check, or when the external tensors are asked for).
 
 The file is read once: the bytes are parsed, and the same bytes are given to ``onnx.checker``
 (``check_model(model)`` would serialize the whole model, weights included, only for the checker
