@@ -19,14 +19,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import chain
 
 from shardcheck.axes import AxisMapper
 from shardcheck.detect import AttentionLayer, reaches_range
 from shardcheck.graph import GraphIndex, Node
 from shardcheck.shapes import ShapeInference
-
-SHAPE_OPS = frozenset(["Shape", "Size"])
+from shardcheck.tensor_ids import SHAPE_OPS, TensorIds
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ def find_frontier(
     # This first walk only gives the nodes after the layers; the last one, once the region is
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
-    ids = _TensorIds(index)
+    ids = TensorIds(index)
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, derived, layer_outputs)
     for _ in range(MAX_ROUNDS):
@@ -159,9 +157,9 @@ def _check_cuts(
 class _ShapeSources:
     """For a shape-like tensor (computed from shapes and constants), the tensors whose Shape
     it is computed from. Memoised, so the whole analysis stays linear; on tensor ids (see
-    _TensorIds), by name for the few questions asked by name."""
+    TensorIds), by name for the few questions asked by name."""
 
-    def __init__(self, index: GraphIndex, ids: _TensorIds, derived: set[str]) -> None:
+    def __init__(self, index: GraphIndex, ids: TensorIds, derived: set[str]) -> None:
         self.index = index
         self.ids = ids
         self.derived = derived
@@ -390,14 +388,14 @@ _NOT_ASKED: list[tuple[int, int]] = []
 class _BackWalk:
     """The region of a round: everything walked back from the seeds through position-wise
     ops, with the axis each tensor carries, the nodes computing it, and where the walk
-    stopped (the cuts). It runs on tensor ids (see _TensorIds); the mapper's answers, as ids,
+    stopped (the cuts). It runs on tensor ids (see TensorIds); the mapper's answers, as ids,
     are kept for the later rounds."""
 
     def __init__(
         self,
         index: GraphIndex,
         mapper: AxisMapper,
-        ids: _TensorIds,
+        ids: TensorIds,
         derived: set[str],
         layer_outputs: dict[str, AttentionLayer],
     ) -> None:
@@ -477,58 +475,13 @@ class _Region:
 
     @classmethod
     def of(
-        cls, ids: _TensorIds, tensors: dict[str, int], nodes: set[int], cut: dict[str, int]
+        cls, ids: TensorIds, tensors: dict[str, int], nodes: set[int], cut: dict[str, int]
     ) -> _Region:
         return cls(tensors, nodes, cut, ids.flags(tensors), [ids.id[name] for name in cut])
 
 
-class _TensorIds:
-    """Every tensor as a small integer, with the inputs of the node computing it (none for
-    a Shape's or Size's output, whose read tensor is kept apart): the walks back over the
-    whole graph, several per round, run on these and on flags in bytearrays. The same walks
-    over names slow per step as the graph outgrows the processor's caches (their strings,
-    tuples and hash tables are spread over tens of MB): on a 32k-node graph a walk over
-    integers is 4-5x faster, and its time per node is that of a 2k-node graph."""
-
-    def __init__(self, index: GraphIndex) -> None:
-        nodes = index.nodes
-        # Every tensor a node reads or computes, and the graph inputs ("" is no tensor).
-        self.names: list[str] = list(
-            dict.fromkeys(chain(index.graph_inputs, index.producer, index.consumers))
-        )
-        self.id: dict[str, int] = dict(zip(self.names, range(len(self.names)), strict=True))
-        count = len(self.names)
-        # As in the index, the last node naming an output is its producer.
-        self.parents: list[tuple[int, ...] | None] = [None] * count
-        self.shape_read: list[int] = [-1] * count
-        self.producer: list[int] = [-1] * count
-        parents, shape_read, producer = self.parents, self.shape_read, self.producer
-        id_of = self.id.__getitem__
-        for node in nodes:
-            names = node.inputs
-            if node.op_type in SHAPE_OPS:
-                inputs = None
-                read = id_of(names[0]) if names and names[0] else -1
-            else:
-                inputs = tuple(map(id_of, names if "" not in names else filter(None, names)))
-                read = -1
-            for output in node.outputs:
-                if output:
-                    output_id = id_of(output)
-                    parents[output_id] = inputs
-                    shape_read[output_id] = read
-                    producer[output_id] = node.index
-
-    def flags(self, tensors: Iterable[str]) -> bytearray:
-        flags = bytearray(len(self.names))
-        id_of = self.id
-        for name in tensors:
-            flags[id_of[name]] = 1
-        return flags
-
-
 def _must_be_whole(
-    index: GraphIndex, ids: _TensorIds, region: _Region, forward_nodes: set[int]
+    index: GraphIndex, ids: TensorIds, region: _Region, forward_nodes: set[int]
 ) -> set[str]:
     """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
     cuts that nodes read outside the region (its nodes, and ``forward_nodes``, those after
@@ -592,7 +545,7 @@ class _SlicedTest:
     slice of, or derived from a slice). Asked of few tensors, so answered walking back from
     them, memoised, rather than by following every cut forward through the whole graph."""
 
-    def __init__(self, ids: _TensorIds, cut: Iterable[int]) -> None:
+    def __init__(self, ids: TensorIds, cut: Iterable[int]) -> None:
         self.parents = ids.parents
         self.memo = bytearray(len(ids.names))
         for tensor in cut:
@@ -637,7 +590,7 @@ class _SlicedTest:
         return memo[tensor] == _SLICED
 
 
-def _region_ancestors(ids: _TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:
+def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:
     """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
     found: set[str] = set()
     parents = ids.parents

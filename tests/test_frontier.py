@@ -16,13 +16,13 @@ from shardcheck.frontier import (
     _Region,
     _ShapeSources,
     _SlicedTest,
-    _TensorIds,
     data_derived,
     find_frontier,
 )
 from shardcheck.graph import Dim, GraphIndex, Node
 from shardcheck.loader import load_index
 from shardcheck.shapes import ShapeInference
+from shardcheck.tensor_ids import TensorIds
 
 SEQ = "sequence_length"
 REAL = FIXTURES / "real"
@@ -93,7 +93,7 @@ def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
     # Cuts of two kinds: where the graph's data enters, and each layer's Q (inside the graph).
     for cut in (set(index.graph_inputs), {layer.q for layer in layers}):
         expected = _sliced_by_following_every_cut_forward(index, cut)
-        ids = _TensorIds(index)
+        ids = TensorIds(index)
         test = _SlicedTest(ids, [ids.id[name] for name in cut])
         # Asked in reverse graph order, so that the memo is used deep in the graph first.
         # Every tensor a node reads or computes has an id; the others (weights no node
@@ -108,7 +108,7 @@ def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
 def test_tensor_ids_give_each_tensor_its_producers_inputs(name: str) -> None:
     index = load_index(REAL / name)
-    ids = _TensorIds(index)
+    ids = TensorIds(index)
     assert len(set(ids.id.values())) == len(ids.names) == len(ids.id)
     assert all(ids.names[ids.id[tensor]] == tensor for tensor in ids.names)
     for tensor in ids.names:
@@ -137,7 +137,7 @@ def test_tensor_ids_leave_out_omitted_inputs_and_follow_the_last_producer() -> N
         [oh.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "hi")],
         [oh.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("s", "n")],
     )
-    ids = _TensorIds(GraphIndex(oh.make_model(graph)))
+    ids = TensorIds(GraphIndex(oh.make_model(graph)))
     assert "" not in ids.id
     assert ids.parents[ids.id["c"]] == (ids.id["x"], ids.id["hi"])
     assert (ids.parents[ids.id["s"]], ids.shape_read[ids.id["s"]]) == ((ids.id["c"],), -1)
@@ -162,7 +162,7 @@ def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whol
         [oh.make_tensor_value_info("k", TensorProto.FLOAT, None)],
     )
     index = GraphIndex(oh.make_model(graph))
-    ids = _TensorIds(index)
+    ids = TensorIds(index)
     cut = {"x": 0, "k": 0}
     # The Relu (node 0) is in the region: x is read inside it only.
     region = _Region.of(ids, {**cut, "t": 0}, {0}, cut)
@@ -180,7 +180,7 @@ def test_sliced_test_ends_on_a_cycle() -> None:
         [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [oh.make_tensor_value_info("b", TensorProto.FLOAT, [2])],
     )
-    ids = _TensorIds(GraphIndex(oh.make_model(graph)))
+    ids = TensorIds(GraphIndex(oh.make_model(graph)))
     assert _SlicedTest(ids, [ids.id["x"]])(ids.id["b"]) is True
     assert _SlicedTest(ids, [])(ids.id["b"]) is False
 
@@ -189,7 +189,7 @@ def test_sliced_test_ends_on_a_cycle() -> None:
 def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) -> None:
     index = load_index(REAL / name)
     derived = data_derived(index)
-    sources = _ShapeSources(index, _TensorIds(index), derived)
+    sources = _ShapeSources(index, TensorIds(index), derived)
     # The definition, through the memoised source sets of each input.
     expected = {
         node.index
