@@ -537,7 +537,8 @@ def _must_be_whole(
     return needed
 
 
-_UNKNOWN, _WHOLE, _SLICED = 0, 1, 2
+# The sliced test's answers, by tensor id (0: not known yet).
+_WHOLE, _SLICED = 1, 2
 
 
 class _SlicedTest:
