@@ -54,9 +54,12 @@ class TensorIds:
                     producer[output_id] = node.index
 
     def flags(self, tensors: Iterable[str]) -> bytearray:
-        """1 at the id of each of ``tensors`` (names), 0 elsewhere."""
+        """1 at the id of each of ``tensors`` (names), 0 elsewhere. A name without an id (""
+        for an omitted output, say) names nothing a walk can reach: it is left out."""
         flags = bytearray(len(self.names))
         id_of = self.id
         for name in tensors:
-            flags[id_of[name]] = 1
+            tensor = id_of.get(name)
+            if tensor is not None:
+                flags[tensor] = 1
         return flags

@@ -143,6 +143,9 @@ def test_tensor_ids_leave_out_omitted_inputs_and_follow_the_last_producer() -> N
     assert (ids.parents[ids.id["s"]], ids.shape_read[ids.id["s"]]) == ((ids.id["c"],), -1)
     assert (ids.parents[ids.id["n"]], ids.shape_read[ids.id["n"]]) == (None, ids.id["c"])
     assert ids.parents[ids.id["x"]] is None
+    # Flags are set by name; a name without an id (an omitted output) reaches nothing.
+    flags = ids.flags(["c", "", "nowhere"])
+    assert [ids.names[i] for i, flag in enumerate(flags) if flag] == ["c"]
 
 
 def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whole() -> None:
