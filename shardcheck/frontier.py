@@ -79,7 +79,7 @@ def find_frontier(
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     ids = TensorIds(index)
     sources = _ShapeSources(index, ids, derived)
-    back = _BackWalk(index, mapper, ids, derived, layer_outputs)
+    back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
@@ -163,7 +163,7 @@ class _ShapeSources:
         self.index = index
         self.ids = ids
         self.derived = derived
-        self._derived = ids.flags(derived)
+        self.derived_flags = ids.flags(derived)
         self._memo: list[frozenset[int] | None] = [None] * len(ids.names)
         self.sizing_memo: dict[tuple[int, int], frozenset[int]] = {}
         # The nodes with an input computed from some tensor's Shape (one whose ``of`` is not
@@ -198,7 +198,7 @@ class _ShapeSources:
             result = frozenset((read,))
         else:
             found: set[int] = set()
-            derived = self._derived
+            derived = self.derived_flags
             for name in self.ids.parents[tensor] or ():
                 if not derived[name]:
                     sources = memo[name]
@@ -396,13 +396,13 @@ class _BackWalk:
         index: GraphIndex,
         mapper: AxisMapper,
         ids: TensorIds,
-        derived: set[str],
+        derived: bytearray,
         layer_outputs: dict[str, AttentionLayer],
     ) -> None:
         self.index = index
         self.mapper = mapper
         self.ids = ids
-        self.derived = ids.flags(derived)
+        self.derived = derived  # flags by tensor id
         self.layer_outputs = {ids.id[name]: layer for name, layer in layer_outputs.items()}
         self.mapped: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
 
