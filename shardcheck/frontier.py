@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
 from shardcheck.detect import AttentionLayer, reaches_range
-from shardcheck.graph import GraphIndex, Node
+from shardcheck.graph import SHAPE_OPS, GraphIndex, Node
 from shardcheck.shapes import ShapeInference
-from shardcheck.tensor_ids import SHAPE_OPS, TensorIds
+from shardcheck.tensor_ids import TensorIds
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ Shape = tuple[Dim, ...]
 
 # A constant whose value a pattern asks for is read only when it is this small.
 SMALL_CONSTANT_ELEMENTS = 4096
+# Ops whose output depends on their input's shape, not on its values.
+SHAPE_OPS = frozenset(["Shape", "Size"])
 
 _SIMPLE_ATTRIBUTES = {
     protos.AttributeProto.INT: "i",

@@ -33,7 +33,7 @@ from shardcheck.budget import check_memory, check_weights
 from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import SHAPE_OPS, GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
@@ -41,7 +41,6 @@ from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors,
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q, shard_model
 
-SHAPE_SOURCES = frozenset({"Shape", "Size"})
 # The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
 SHAPE_ARITHMETIC = frozenset(
     "Gather Slice Concat Unsqueeze Squeeze Cast Reshape Identity Add Sub Mul Div Mod Neg Abs "
@@ -478,7 +477,7 @@ def shape_only_tensors(
         )
         if node.op_type == "Constant" or (inputs and all(name in constants for name in inputs)):
             constants.update(node.output)
-        elif node.op_type in SHAPE_SOURCES:
+        elif node.op_type in SHAPE_OPS:
             shape_only.update(node.output)
         elif from_shapes and (
             (

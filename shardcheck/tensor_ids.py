@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import chain
 
-from shardcheck.graph import GraphIndex
-
-# Ops whose output depends on their input's shape, not on its values.
-SHAPE_OPS = frozenset(["Shape", "Size"])
+from shardcheck.graph import SHAPE_OPS, GraphIndex
 
 
 class TensorIds:

@@ -24,7 +24,7 @@ from shardcheck.budget import check_memory
 from shardcheck.detect import AttentionLayer
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session
-from shardcheck.graph import GraphIndex
+from shardcheck.graph import SHAPE_OPS, GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.loader import check_weight_files, weights_dir
 from shardcheck.report import ERROR, INFO, WARNING, Report
@@ -370,7 +370,7 @@ def _reach(index: GraphIndex, start: str, stop: set[str], ends: set[str]) -> set
         if tensor in ends and tensor != start:
             continue
         for consumer in index.consumers_of(tensor):
-            if consumer.op_type in ("Shape", "Size"):
+            if consumer.op_type in SHAPE_OPS:
                 continue
             for output in consumer.outputs:
                 if output and output not in found and output not in stop:
@@ -387,7 +387,7 @@ def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
     while queue:
         tensor = queue.popleft()
         producer = index.producer_of(tensor)
-        if producer is None or producer.op_type in ("Shape", "Size"):
+        if producer is None or producer.op_type in SHAPE_OPS:
             continue
         for name in producer.inputs:
             if name and name not in found:
