@@ -26,6 +26,7 @@ from shardcheck.tensor_ids import TensorIds
 
 SEQ = "sequence_length"
 REAL = FIXTURES / "real"
+REAL_NAMES = sorted(path.name for path in REAL.glob("*.onnx"))
 
 
 def _attention_whose_output_also_feeds_a_position_wise_op() -> onnx.ModelProto:
@@ -87,7 +88,7 @@ def _analysed(name: str) -> tuple[GraphIndex, ShapeInference, list[AttentionLaye
     return index, shapes, detect_attention(index, shapes)
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
     index, _, layers = _analysed(name)
     # Cuts of two kinds: where the graph's data enters, and each layer's Q (inside the graph).
@@ -105,7 +106,7 @@ def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
                 assert tensor not in expected, tensor
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_tensor_ids_give_each_tensor_its_producers_inputs(name: str) -> None:
     index = load_index(REAL / name)
     ids = TensorIds(index)
@@ -188,7 +189,7 @@ def test_sliced_test_ends_on_a_cycle() -> None:
     assert _SlicedTest(ids, [])(ids.id["b"]) is False
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) -> None:
     index = load_index(REAL / name)
     derived = data_derived(index)
@@ -218,7 +219,7 @@ def _first_output_axis_by_trying_each(
     return None
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_output_axis_is_the_first_output_axis_that_maps_back_to_the_input(name: str) -> None:
     index, shapes, layers = _analysed(name)
     q_shape = shapes.shape(layers[0].q) if layers else None
@@ -248,7 +249,7 @@ def _numeric(dims: list[Dim], primes: dict[str, int]) -> int:
 _PRIMES = [1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049, 1051, 1061, 1063, 1069, 1087, 1091]
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in REAL.glob("*.onnx")))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_reshape_blocks_pair_runs_of_axes_of_equal_size(name: str) -> None:
     index = load_index(REAL / name)
     shapes = ShapeInference(index)
