@@ -22,17 +22,21 @@ def check_static(
             _check_tensor(index, shapes, kind, tensor, report)
     for position, hint in enumerate(hints.attention_layers):
         if hint.q not in by_q:
-            where = "a tensor of the model" if index.has_tensor(hint.q) else "not in the model"
+            present = index.has_tensor(hint.q)
+            why = (
+                "is a tensor of the model, but not the Q of any attention layer found in it "
+                "(the first input of a score MatMul or of a fused attention node)"
+                if present
+                else "is not a tensor of the model (renamed by a re-export?)"
+            )
             report.add(
                 "SC108",
                 ERROR,
                 f"attention_layers[q={hint.q}]",
-                f"attention_layers[{position}].q {hint.q!r} is {where}, but not the Q of any "
-                "attention layer found in it (the first input of a score MatMul or of a fused "
-                "attention node)",
+                f"attention_layers[{position}].q {hint.q!r} {why}",
                 tensor=hint.q,
                 expected="Q of a layer",
-                observed="no layer",
+                observed="no layer" if present else "absent",
             )
     hinted = {hint.q for hint in hints.attention_layers}
     for layer in layers:

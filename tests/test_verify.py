@@ -150,6 +150,33 @@ def test_each_single_mutation_is_caught(
     assert (code, field) in found, found
 
 
+@pytest.mark.parametrize(
+    ("q", "observed", "says"),
+    [
+        # A tensor the model has, but an input of the layer, not its Q.
+        (
+            "/model/embeddings/word_embeddings/Gather_output_0",
+            "no layer",
+            "is a tensor of the model, but not the Q of any attention layer",
+        ),
+        ("/model/encoder/layer.0/attention/self/Mul_output_9", "absent", "is not a tensor"),
+    ],
+)
+def test_a_hinted_q_that_is_no_layer_s_q_says_whether_the_tensor_exists(
+    q: str, observed: str, says: str, bert_hints: dict[str, Any], tmp_path: Path
+) -> None:
+    hints = json.loads(json.dumps(bert_hints))
+    hints["attention_layers"][0]["q"] = q
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(hints))
+    report = verify(BERT, path)
+    [finding] = [f for f in report.errors if f.code == "SC108"]
+    assert (finding.field, finding.observed) == (f"attention_layers[q={q}]", observed)
+    assert finding.message.startswith(f"attention_layers[0].q {q!r} {says}")
+    # The layer whose Q the hint lost is reported as not hinted.
+    assert "SC109" in [f.code for f in report.errors]
+
+
 def test_polygraphy_default_k_index_is_flagged_with_the_right_one(tmp_path: Path) -> None:
     model = FIXTURES / "attention_head.onnx"
     hints = tmp_path / "polygraphy.json"
