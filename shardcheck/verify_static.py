@@ -130,7 +130,8 @@ def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -
             "SC107",
             ERROR,
             "kv_rank",
-            f"kv_rank is {hints.kv_rank}, the gathered K/V have rank {sorted(ranks)}",
+            f"kv_rank is {hints.kv_rank}, but the gathered K and V have rank "
+            f"{' and '.join(map(str, sorted(ranks)))}",
             expected=", ".join(map(str, sorted(ranks))),
             observed=hints.kv_rank,
         )
@@ -181,7 +182,8 @@ def _check_collectives(hints: ShardHints, report: Report) -> None:
             "SC113",
             ERROR,
             "dist_collectives.reduce_op",
-            "unknown reduce_op",
+            f"reduce_op {dist.reduce_op!r} is not one of {', '.join(REDUCE_OPS)}",
+            expected=", ".join(REDUCE_OPS),
             observed=dist.reduce_op,
         )
     if dist.root != -1 and dist.group_size and dist.root >= dist.group_size:

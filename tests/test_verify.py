@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper
 from shardcheck import GraphIndex, verify
 from shardcheck.errors import InputError
 from shardcheck.hints import DistCollective, ShardHints, ShardTensor
+from shardcheck.hints_file import read_hints
 
 REAL = FIXTURES / "real"
 BERT = REAL / "ts_bert_tiny.onnx"
@@ -131,6 +133,38 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "SC104",
         "inputs[name=/model/embeddings/word_embeddings/Gather_output_0].rank",
     ),
+    # The word embeddings' output is [batch, seq, hidden]: rank 3.
+    "seq_len_idx past the rank": (
+        lambda h: WORD(h).update(seq_len_idx=3),
+        "SC103",
+        "inputs[name=/model/embeddings/word_embeddings/Gather_output_0].seq_len_idx",
+    ),
+    # BERT's gathered K and V are [batch, heads, ., .]: rank 4.
+    "kv_rank": (lambda h: h.update(kv_rank=3), "SC107", "kv_rank"),
+    "gather_q on one layer only": (
+        lambda h: h["attention_layers"][0].update(gather_q=True),
+        "SC111",
+        "attention_layers[*].gather_q",
+    ),
+    "fused shuffle not a permutation": (
+        lambda h: h["attention_layers"][0].update(
+            replace={
+                "is_causal": False,
+                "q_shuffle": [0, 2, 2, 3],
+                "k_shuffle": None,
+                "v_shuffle": None,
+                "nb_rank": 1,
+                "polygraphy_class": "FusedAttention",
+            }
+        ),
+        "SC112",
+        "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.q_shuffle",
+    ),
+    "root outside the group": (
+        lambda h: h["dist_collectives"].update(group_size=2, root=2),
+        "SC113",
+        "dist_collectives.root",
+    ),
 }
 
 
@@ -175,6 +209,23 @@ def test_a_hinted_q_that_is_no_layer_s_q_says_whether_the_tensor_exists(
     assert finding.message.startswith(f"attention_layers[0].q {q!r} {says}")
     # The layer whose Q the hint lost is reported as not hinted.
     assert "SC109" in [f.code for f in report.errors]
+
+
+def test_messages_of_the_static_checks_name_the_values(
+    bert_hints: dict[str, Any], tmp_path: Path
+) -> None:
+    hints = json.loads(json.dumps(bert_hints))
+    hints["kv_rank"] = 3
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(hints))
+    read = read_hints(path)
+    # An unknown reduce_op is refused when a file is read; hints made in Python reach verify.
+    made = dataclasses.replace(
+        read, dist_collectives=DistCollective(reduce_op="mean", root=-1, group_size=0)
+    )
+    messages = {f.code: f.message for f in verify(BERT, made).errors}
+    assert messages["SC107"] == "kv_rank is 3, but the gathered K and V have rank 4"
+    assert messages["SC113"] == "reduce_op 'mean' is not one of sum, prod, min, max, avg"
 
 
 def test_polygraphy_default_k_index_is_flagged_with_the_right_one(tmp_path: Path) -> None:
