@@ -160,6 +160,19 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "SC112",
         "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.q_shuffle",
     ),
+    # The shape of input_ids, [2] at every length: nothing to split.
+    "hinted tensor without a sequence axis": (
+        lambda h: h["inputs"].append(
+            {
+                "name": "/model/embeddings/Shape_output_0",
+                "seq_len_idx": 0,
+                "rank": 1,
+                "polygraphy_class": "ShardTensor",
+            }
+        ),
+        "SC117",
+        "inputs[name=/model/embeddings/Shape_output_0].seq_len_idx",
+    ),
     "root outside the group": (
         lambda h: h["dist_collectives"].update(group_size=2, root=2),
         "SC113",
@@ -226,6 +239,16 @@ def test_messages_of_the_static_checks_name_the_values(
     messages = {f.code: f.message for f in verify(BERT, made).errors}
     assert messages["SC107"] == "kv_rank is 3, but the gathered K and V have rank 4"
     assert messages["SC113"] == "reduce_op 'mean' is not one of sum, prod, min, max, avg"
+
+
+def test_a_length_fixed_by_the_inputs_skips_the_axis_checks_and_says_so(tmp_path: Path) -> None:
+    # ViT's length is its 17 patches, fixed by the image size: no input has a dim to vary.
+    model = REAL / "ts_vit_tiny.onnx"
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    report = verify(model, hints)
+    assert report.ok, report.render_text()
+    assert [f.code for f in report.findings] == ["SC120"]
 
 
 def test_polygraphy_default_k_index_is_flagged_with_the_right_one(tmp_path: Path) -> None:
