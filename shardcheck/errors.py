@@ -31,6 +31,11 @@ class HintsFormatError(InputError):
         self.problem = problem
 
 
+class HintsMismatchError(InputError):
+    """Hints read without fault that do not fit the model (a tensor it lacks, an axis past a
+    tensor's rank): shard refuses them (exit 2); verify's simulation reports them (SC203)."""
+
+
 class ModelError(InputError):
     """An ONNX model cannot be read or is not usable."""
 

@@ -30,7 +30,7 @@ import onnx
 from onnx import helper
 
 from shardcheck.detect import AttentionLayer, detect_attention
-from shardcheck.errors import InputError, OutputError
+from shardcheck.errors import HintsMismatchError, InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, output_target
 from shardcheck.graph import GraphIndex, external_locations
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
@@ -118,11 +118,18 @@ class _Rewriter:
     # ----------------------------------------------------------------- chains
 
     def collective(
-        self, source: str, operation: str, axis: int, rank: int | None, what: str
+        self,
+        source: str,
+        operation: str,
+        axis: int,
+        rank: int | None,
+        what: str,
+        fields: tuple[str, str] = ("seq_len_idx", "rank"),
     ) -> None:
-        """Scatter or gather ``source`` (as its consumers now read it) along ``axis``."""
+        """Scatter or gather ``source`` (as its consumers now read it) along ``axis``;
+        ``fields``: the hints' names of ``axis`` and ``rank``, for messages."""
         head = self.current.get(source, source)
-        perm = None if axis == 0 else self._swap(source, axis, rank, what)
+        perm = None if axis == 0 else self._swap(source, axis, rank, what, fields)
         name = f"{source}/{operation}"
         tensor = head
         if perm is not None:
@@ -165,17 +172,26 @@ class _Rewriter:
             self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
         return tail
 
-    def _swap(self, source: str, axis: int, rank: int | None, what: str) -> list[int]:
-        rank = rank or self._rank(source)
+    def _swap(
+        self, source: str, axis: int, hinted_rank: int | None, what: str, fields: tuple[str, str]
+    ) -> list[int]:
+        axis_field, rank_field = fields
+        where = f"{self.hints_source}: {what}"
+        rank = self._rank(source)
+        if rank is not None and hinted_rank is not None and hinted_rank != rank:
+            # The Transposes would be written for the hinted rank: a model that cannot run.
+            raise HintsMismatchError(
+                f"{where}: {rank_field} {hinted_rank} is given, but {source!r} has rank {rank}"
+            )
+        rank = rank or hinted_rank
         if rank is None:
-            raise InputError(
-                f"{self.hints_source}: {what}: seq_len_idx {axis} needs the rank of {source!r}, "
-                "but the model declares no shape for it and the hint gives no rank"
+            raise HintsMismatchError(
+                f"{where}: {axis_field} {axis} needs the rank of {source!r}, but the model "
+                f"declares no shape for it and the hint gives no {rank_field}"
             )
         if axis >= rank:
-            raise InputError(
-                f"{self.hints_source}: {what}: seq_len_idx {axis} is out of range for "
-                f"{source!r} of rank {rank}"
+            raise HintsMismatchError(
+                f"{where}: {axis_field} {axis} is out of range for {source!r} of rank {rank}"
             )
         perm = list(range(rank))
         perm[0], perm[axis] = axis, 0
@@ -257,7 +273,7 @@ def shard_model(
     gathered: set[str] = set()
     for position, layer in enumerate(hints.attention_layers):
         if not layers.get(layer.q):
-            raise InputError(
+            raise HintsMismatchError(
                 f"{hints_source}: attention_layers[{position}]: q {layer.q!r} is not the Q of "
                 "any attention layer of the model"
             )
@@ -266,7 +282,12 @@ def shard_model(
                 if wanted and tensor not in gathered:
                     gathered.add(tensor)
                     rewriter.collective(
-                        tensor, ALL_GATHER, axis, rank, f"attention_layers[{position}] {what}"
+                        tensor,
+                        ALL_GATHER,
+                        axis,
+                        rank,
+                        f"attention_layers[{position}] {what}",
+                        (f"{what.lower()}_seq_len_idx", "kv_rank"),
                     )
             q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
     if not q_is_gathered:
@@ -294,7 +315,7 @@ def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> N
     for key, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
         for position, tensor in enumerate(tensors):
             if not index.has_tensor(tensor.name):
-                raise InputError(
+                raise HintsMismatchError(
                     f"{hints_source}: {key}[{position}]: tensor {tensor.name!r} is not in the "
                     f"model {index.source}"
                 )

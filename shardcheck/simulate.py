@@ -159,13 +159,15 @@ class Simulation:
         index: GraphIndex | None = None,
         layers: dict[str, list[tuple[str, str]]] | None = None,
         shapes: ShapeInference | None = None,
+        hints_source: str = "<hints>",
     ) -> None:
+        """``hints_source``: the file ``hints`` was read from, when given as ShardHints."""
         _check_ranks(ranks)
         self.ranks = ranks
         self._single_device: Any = None
         self._single_device_making: InBackground[Any] | None = None
         try:
-            self._prepare(model_path, hints, ranks, index, layers, shapes)
+            self._prepare(model_path, hints, ranks, index, layers, shapes, hints_source)
         except Exception:
             # No onnxruntime work is left running behind an error: a process that ends while
             # a session is being made crashes.
@@ -181,6 +183,7 @@ class Simulation:
         index: GraphIndex | None,
         layers: dict[str, list[tuple[str, str]]] | None,
         shapes: ShapeInference | None,
+        hints_source: str,
     ) -> None:
         if index is None:
             index = self._load(model_path)  # the parse refuses a bad path first
@@ -191,8 +194,6 @@ class Simulation:
         self.weights_dir = weights_dir(model_path)
         if not isinstance(hints, ShardHints):
             hints_source, hints = str(hints), read_hints(hints)
-        else:
-            hints_source = "<hints>"
         self.hints = hints
         self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)
         if layers is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shardcheck.budget import check_weights
 from shardcheck.detect import AttentionLayer, detect_attention, layer_tensors
-from shardcheck.errors import InputError, ShardcheckError
+from shardcheck.errors import HintsMismatchError, InputError, ShardcheckError
 from shardcheck.feeds import (
     BATCH_DIM_DEFAULT,
     BATCH_LIKE,
@@ -103,16 +103,31 @@ def verify(
         choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
         runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
         if ranks is not None:
-            simulation = _prepared_simulation(model_path, hints, ranks, index, layers, shapes)
+            simulation = _prepared_simulation(
+                model_path, hints, hints_source, ranks, index, layers, shapes
+            )
         runtime.run(pending, list(seq_lens), choose)
         if isinstance(simulation, Simulation) and not runtime.ran:
             simulation.simulator.stop_making_ahead()
         if ranks is not None and runtime.ran:
-            if isinstance(simulation, ShardcheckError):
-                raise simulation
-            assert simulation is not None
-            settings = _SimulationSettings(ranks, rtol, atol, seed)
-            _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
+            if isinstance(simulation, HintsMismatchError):
+                # The hints were read and the model runs: what keeps them from sharding it
+                # is a finding about the hints, beside those above.
+                report.add(
+                    "SC203",
+                    ERROR,
+                    "simulation",
+                    f"the CP simulation on {ranks} ranks cannot shard the model with these "
+                    f"hints: {simulation.message}",
+                    expected="shardable",
+                    observed="refused",
+                )
+            elif isinstance(simulation, ShardcheckError):
+                raise simulation  # what the simulator cannot do, not a fault of the hints
+            else:
+                assert simulation is not None
+                settings = _SimulationSettings(ranks, rtol, atol, seed)
+                _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
     except Exception:
         # No onnxruntime work is left running behind an error: a process that ends while a
         # session is being made crashes.
@@ -126,6 +141,7 @@ def verify(
 def _prepared_simulation(
     model_path: str | os.PathLike[str],
     hints: ShardHints,
+    hints_source: str,
     ranks: int,
     index: GraphIndex,
     layers: list[AttentionLayer],
@@ -133,7 +149,8 @@ def _prepared_simulation(
 ) -> Simulation | ShardcheckError:
     """The simulation, prepared while onnxruntime is still making the session of verify's own
     runs (its stage sessions are made in the background beside it). It is used, and an error in
-    preparing it reported, only if the model runs."""
+    preparing it reported (hints that do not fit the model as SC203, else raised), only if the
+    model runs."""
     try:
         return Simulation(
             model_path,
@@ -142,6 +159,7 @@ def _prepared_simulation(
             index=index,
             layers=gathered_by_q(layers),
             shapes=shapes,
+            hints_source=hints_source,
         )
     except ShardcheckError as error:
         return error

@@ -285,6 +285,20 @@ def _save(directory: Path, model: onnx.ModelProto) -> Path:
             {"inputs": (ShardTensor("input", 3),)},
             "hints.json: inputs[0]: seq_len_idx 3 is out of range for 'input' of rank 3",
         ),
+        # A hinted rank the tensor does not have would make Transposes of the wrong rank.
+        (
+            {"inputs": (ShardTensor("input", 1, 4),)},
+            "hints.json: inputs[0]: rank 4 is given, but 'input' has rank 3",
+        ),
+        (
+            {"kv_rank": 4},
+            "hints.json: attention_layers[0] K: kv_rank 4 is given, but 'k_T' has rank 3",
+        ),
+        (
+            {"k_seq_len_idx": 4},
+            "hints.json: attention_layers[0] K: k_seq_len_idx 4 is out of range for 'k_T' of "
+            "rank 3",
+        ),
     ],
 )
 def test_unusable_hints_are_one_line_errors(change: dict[str, Any], message: str) -> None:
@@ -335,8 +349,13 @@ def _external_model(directory: Path) -> Path:
 
 
 def _external_hints(path: Path) -> Path:
+    # The model's K is [4, seq] (the Transpose of q) and V, q itself, [seq, 4].
     hints = read_hints(GOLDEN / "attention_head.json").with_changes(
-        inputs=(ShardTensor("x", 0),), outputs=(ShardTensor("y", 0),)
+        inputs=(ShardTensor("x", 0),),
+        outputs=(ShardTensor("y", 0),),
+        k_seq_len_idx=1,
+        v_seq_len_idx=0,
+        kv_rank=2,
     )
     return write_hints(path, hints)
 

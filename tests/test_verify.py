@@ -224,6 +224,25 @@ def test_a_hinted_q_that_is_no_layer_s_q_says_whether_the_tensor_exists(
     assert "SC109" in [f.code for f in report.errors]
 
 
+def test_hints_the_simulation_cannot_shard_with_are_a_finding_naming_the_file(
+    bert_hints: dict[str, Any], tmp_path: Path
+) -> None:
+    hints = json.loads(json.dumps(bert_hints))
+    hints["attention_layers"][0]["q"] = "nope"
+    path = tmp_path / "wrong_q.json"
+    path.write_text(json.dumps(hints))
+    result = run_cli("verify", BERT, path, "--ranks", "2")
+    # Findings (exit 1), the static ones kept: not an input error (exit 2).
+    assert result.exit_code == 1, result.stdout
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("SC108 error:") for line in lines), result.stdout
+    [refused] = [line for line in lines if line.startswith("SC203 error:")]
+    assert refused.endswith(
+        f"cannot shard the model with these hints: {path}: attention_layers[0]: q 'nope' is "
+        "not the Q of any attention layer of the model"
+    )
+
+
 def test_messages_of_the_static_checks_name_the_values(
     bert_hints: dict[str, Any], tmp_path: Path
 ) -> None:
