@@ -80,6 +80,24 @@ def resolve_dims(
     return dims
 
 
+def refuse_pinned_sequence(
+    index: GraphIndex,
+    hints: ShardHints,
+    seq_len: int,
+    user_dims: Mapping[str, int],
+    shapes: ShapeInference | None = None,
+) -> None:
+    """Refuse (InputError) a ``--dim`` that sets the one sequence dim of the hints to another
+    value than ``seq_len`` (``--seq-len``): it would win, and the length asked for not run."""
+    sequence = sequence_dims(index, hints, user_dims, shapes)
+    if len(sequence) == 1 and user_dims.get(sequence[0], seq_len) != seq_len:
+        name = sequence[0]
+        raise InputError(
+            f"{index.source}: --dim {name}={user_dims[name]}: {name!r} is the sequence dim (the "
+            f"hinted axes carry it), which --seq-len sets ({seq_len}); leave it out of --dim"
+        )
+
+
 def graph_input_dims(index: GraphIndex) -> list[str]:
     """The symbolic dim names of the graph inputs, in order of first appearance."""
     names: dict[str, None] = {}

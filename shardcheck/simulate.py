@@ -32,7 +32,13 @@ from shardcheck.background import InBackground
 from shardcheck.budget import check_memory, check_weights
 from shardcheck.detect import detect_attention
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds, make_session, resolve_dims, run_model
+from shardcheck.feeds import (
+    make_feeds,
+    make_session,
+    refuse_pinned_sequence,
+    resolve_dims,
+    run_model,
+)
 from shardcheck.graph import SHAPE_OPS, GraphIndex
 from shardcheck.hints import ShardHints
 from shardcheck.hints_file import read_hints
@@ -251,6 +257,7 @@ class Simulation:
     ) -> SimulationResult:
         _check_run_settings(self.ranks, seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
+        refuse_pinned_sequence(index, self.hints, seq_len, dims or {}, self.shapes)
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
         check_memory(index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes)
         feeds = make_feeds(index, resolved, seed)

@@ -189,7 +189,13 @@ def _dim_chooser(
         # still the model's own answer; only with several do the hints decide.
         candidates = [name for name in names if not BATCH_LIKE.search(name)]
         sequence = candidates[0] if len(candidates) == 1 else None
-    if sequence is None or sequence in user_dims:
+    if sequence in user_dims:
+        # Pinned, it would be the same in every run: nothing would show the sequence axes.
+        raise InputError(
+            f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is the "
+            "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
+        )
+    if sequence is None:
         return lambda length: resolve_dims(index, hints, length, user_dims)
     unknown = sorted(set(user_dims) - set(names))
     if unknown:

@@ -587,6 +587,11 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["verify", "MODEL", "HINTS", "--dim", f"batch={HUGE}"], f"batch={HUGE}"),
     (["verify", "MODEL", "HINTS", "--dim", "nosuch=3"], "nosuch"),
     (["verify", "MODEL", "HINTS", "--dim", "batch"], "--dim"),
+    # The sequence dim pinned: every run would be the same.
+    (
+        ["verify", "MODEL", "HINTS", "--dim", "sequence_len=8"],
+        "--dim sequence_len=8: 'sequence_len' is the sequence dim, which verify sets to each",
+    ),
     (["verify", "MODEL", "HINTS", "--seed", "-1"], "--seed -1"),
     (["verify", "MODEL", "HINTS", "--timeout", "0"], "--timeout"),
     (["verify", "MODEL", "HINTS", "--timeout", "nan"], "--timeout nan"),
@@ -598,6 +603,10 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "7"], "--seq-len 7"),
     (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", HUGE], f"length {HUGE}"),
     (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--seed", "-1"], "--seed"),
+    (
+        ["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--dim", "sequence_len=4"],
+        "--dim sequence_len=4: 'sequence_len' is the sequence dim (the hinted axes carry it)",
+    ),
     (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--rtol", "inf"], "--rtol"),
     (["shard", "MODEL", "UNFIT", "-o", "OUT"], "'nope' is not in the model"),
     (["diff", "HINTS"], "CANDIDATE"),
