@@ -21,6 +21,7 @@ from shardcheck.options import GenOptions
 from shardcheck.patterns.polygraphy import PATTERN_DESCRIPTIONS, PatternMatch, match_all
 from shardcheck.shapes import ShapeInference
 from shardcheck.suggest import dependent_graph_inputs, dependent_graph_outputs
+from shardcheck.wording import counted
 
 # Polygraphy's whole idea of a sequence axis: a dim with one of these names.
 POLYGRAPHY_SEQ_DIM_NAMES = ("sequence_length", "seq_len")
@@ -113,9 +114,11 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     skipped = [layer.name for layer in layers if not layer.polygraphy_recognises]
     if skipped:
         warnings.append(
-            f"{index.source}: {len(skipped)} of {len(layers)} attention layers match neither of "
-            f"Polygraphy's patterns (first: {skipped[0]}); 'polygraphy multi-device shard' "
-            "would skip them, 'shardcheck shard' does not"
+            f"{index.source}: {len(skipped)} of {counted(len(layers), 'attention layer')} "
+            f"{'matches' if len(skipped) == 1 else 'match'} neither of Polygraphy's patterns "
+            f"({'first: ' if len(skipped) > 1 else ''}{skipped[0]}); 'polygraphy multi-device "
+            "shard' would skip "
+            f"{'it' if len(skipped) == 1 else 'them'}, 'shardcheck shard' does not"
         )
     unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
     if unknown:

@@ -46,6 +46,7 @@ from shardcheck.loader import check_weight_files, index_parsed, parse_model, wei
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q, shard_model
+from shardcheck.wording import counted
 
 # The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
 SHAPE_ARITHMETIC = frozenset(
@@ -85,7 +86,8 @@ class SimulationResult:
     def summary(self) -> str:
         dims = ", ".join(f"{name}={value}" for name, value in self.dims.items()) or "none"
         setting = (
-            f"{self.ranks} simulated ranks, {self.stages} stages, dims {dims}, "
+            f"{counted(self.ranks, 'simulated rank')}, {counted(self.stages, 'stage')}, "
+            f"dims {dims}, "
             f"rtol {self.rtol:g}, atol {self.atol:g}"
         )
         if self.mismatch is None:

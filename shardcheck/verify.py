@@ -43,6 +43,7 @@ from shardcheck.verify_runtime import (
     watched_tensors,
 )
 from shardcheck.verify_static import check_static
+from shardcheck.wording import counted, listed
 
 DEFAULT_SEQ_LENS = (8, 16)
 
@@ -76,11 +77,14 @@ def verify(
         if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
             raise InputError(f"{option} {value}: expected a finite number >= 0")
     if ranks is not None:
-        bad = [n for n in seq_lens if n % ranks]
-        if ranks < 1 or bad:
+        if ranks < 1:
+            raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+        bad = [str(n) for n in seq_lens if n % ranks]
+        if bad:
+            which = f"{listed(bad)} {'is' if len(bad) == 1 else 'are'} not"
             raise InputError(
-                f"--ranks {ranks}: every sequence length must divide by the number of ranks "
-                f"({', '.join(map(str, bad or seq_lens))} does not); choose --seq-lens accordingly"
+                f"--ranks {ranks}: every sequence length must be a multiple of the number of "
+                f"ranks ({which}); choose --seq-lens accordingly"
             )
     parsed = parse_model(model_path, keep_bytes=True)
     hints_source = "<hints>" if isinstance(hints, ShardHints) else str(hints)
@@ -265,7 +269,8 @@ def _simulate(
                 "SC202",
                 INFO,
                 "simulation",
-                f"{ranks} simulated ranks at length {length} match the single-device run "
+                f"{counted(ranks, 'simulated rank')} at length {length} "
+                f"{'matches' if ranks == 1 else 'match'} the single-device run "
                 f"(largest difference {result.max_abs_error:.3g})",
                 expected="match",
                 observed="match",

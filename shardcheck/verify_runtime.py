@@ -29,6 +29,7 @@ from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.loader import check_weight_files, weights_dir
 from shardcheck.report import ERROR, INFO, WARNING, Report
 from shardcheck.shapes import ShapeInference
+from shardcheck.wording import listed
 
 _ORT_NODE = re.compile(r"Name:'([^']*)'")
 Progress = Callable[[str], None]
@@ -114,10 +115,41 @@ class RuntimeCheck:
             }
         if failures:
             length, (message, dims) = next(iter(failures.items()))
-            self._failed(length, message, sorted(shapes_by_len), dims)
+            ran_at = sorted(shapes_by_len)
+            if ran_at and length > ran_at[-1]:
+                self._refuse_past_longest(session, choose, length, ran_at, message)
+            self._failed(length, message, ran_at, dims)
             return
         self.ran = True
         self._compare(shapes_by_len, seq_lens, walks)
+
+    def _refuse_past_longest(
+        self,
+        session: _Session,
+        choose: DimChooser,
+        length: int,
+        ran_at: list[int],
+        message: str,
+    ) -> None:
+        """The model ran at shorter lengths, not at ``length``: either the length is baked
+        into it (then it fails at any other length, shorter ones too), or ``length`` is past
+        the longest it supports (a position table's size). One run at a shorter length tells
+        which; the latter is refused (InputError) as a --seq-lens too long."""
+        shorter = ran_at[0] // 2
+        if shorter < 1:
+            return
+        dims = choose(shorter)
+        if _run(session, make_feeds(self.index, dims, self.seed), self.timeout, None, shorter):
+            return
+        match = _ORT_NODE.search(message)
+        node = f" (at node {match.group(1)})" if match else ""
+        raise InputError(
+            f"{self.index.source}: the model runs at sequence lengths "
+            f"{listed([str(n) for n in (shorter, *ran_at)])} but not at {length}{node}: "
+            f"{length} is "
+            "past the longest it supports (the size of a position table, say); choose shorter "
+            f"--seq-lens. onnxruntime: {_short(message)}"
+        )
 
     def _found(self, code: str, field: str) -> bool:
         return any(f.code == code and f.field == field for f in self.report.findings)

@@ -105,20 +105,26 @@ def _check_tensor(
 
 
 def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -> None:
-    for what, code, hinted, axis_of in (
-        ("k_seq_len_idx", "SC105", hints.k_seq_len_idx, lambda layer: layer.k_axis),
-        ("v_seq_len_idx", "SC106", hints.v_seq_len_idx, lambda layer: layer.v_axis),
+    for what, code, hinted, axis_of, why in (
+        (
+            "k_seq_len_idx",
+            "SC105",
+            hints.k_seq_len_idx,
+            lambda layer: layer.k_axis,
+            " (MatMul's K is [..., D, S] when the model computes q @ k^T)",
+        ),
+        ("v_seq_len_idx", "SC106", hints.v_seq_len_idx, lambda layer: layer.v_axis, ""),
     ):
         wrong = [layer for layer in layers if axis_of(layer) not in (None, hinted)]
         if wrong:
             needed = sorted({axis_of(layer) for layer in wrong})
+            affected = "1 layer" if len(wrong) == 1 else f"{len(wrong)} layers"
             report.add(
                 code,
                 ERROR,
                 what,
                 f"{what} is {hinted}, but the gathered tensor of layer {wrong[0].name} has the "
-                f"sequence on axis {axis_of(wrong[0])} (MatMul's K is [..., D, S] when the model "
-                f"computes q @ k^T); {len(wrong)} layer(s) affected",
+                f"sequence on axis {axis_of(wrong[0])}{why}; {affected} affected",
                 tensor=wrong[0].gathered_k if code == "SC105" else wrong[0].gathered_v,
                 expected=", ".join(map(str, needed)),
                 observed=hinted,

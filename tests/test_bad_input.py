@@ -596,7 +596,15 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["verify", "MODEL", "HINTS", "--timeout", "0"], "--timeout"),
     (["verify", "MODEL", "HINTS", "--timeout", "nan"], "--timeout nan"),
     (["verify", "MODEL", "HINTS", "--timeout", "inf"], "--timeout inf"),
-    (["verify", "MODEL", "HINTS", "--ranks", "3"], "--ranks 3"),
+    (
+        ["verify", "MODEL", "HINTS", "--ranks", "3"],
+        "--ranks 3: every sequence length must be a multiple of the number of ranks (8 and 16 "
+        "are not)",
+    ),
+    (
+        ["verify", "MODEL", "HINTS", "--ranks", "2", "--seq-lens", "8,9"],
+        "--ranks 2: every sequence length must be a multiple of the number of ranks (9 is not)",
+    ),
     (["verify", "MODEL", "HINTS", "--rtol", "nan"], "--rtol nan"),
     (["verify", "MODEL", "HINTS", "--atol", "-1"], "--atol -1.0"),
     (["verify", "NEGDIM", "HINTS"], "negative size -1"),

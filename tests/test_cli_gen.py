@@ -102,6 +102,28 @@ def test_no_attention_gives_valid_empty_hints_and_warning() -> None:
     assert "MatMul(q, k) -> Softmax -> MatMul(., v)" in compat.stderr
 
 
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (
+            FIXTURES / "scaled_masked_attention.onnx",
+            "1 of 1 attention layer matches neither of Polygraphy's patterns (scores); "
+            "'polygraphy multi-device shard' would skip it,",
+        ),
+        (
+            FIXTURES / "real" / "ts_bert_tiny.onnx",
+            "2 of 2 attention layers match neither of Polygraphy's patterns (first: "
+            "/model/encoder/layer.0/attention/self/MatMul); 'polygraphy multi-device shard' "
+            "would skip them,",
+        ),
+    ],
+)
+def test_layers_polygraphy_would_skip_are_counted_in_a_warning(model: Path, says: str) -> None:
+    result = run_cli("gen", model, "-o", "-")
+    assert result.exit_code == 0
+    assert says in result.stderr
+
+
 def test_python_api_equals_cli() -> None:
     model = FIXTURES / "attention_output_chain.onnx"
     result = generate(load_index(model), GenOptions(compat="polygraphy"))

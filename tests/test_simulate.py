@@ -730,3 +730,14 @@ def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
     assert verify(path, hints, ranks=2).ok
     report = verify(path, hints.with_changes(k_seq_len_idx=0), ranks=2)
     assert ("SC105", "k_seq_len_idx") in [(f.code, f.field) for f in report.errors]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "says"), [(1, "1 simulated rank, 4 stages"), (2, "2 simulated ranks, 4 stages")]
+)
+def test_the_summary_counts_ranks_and_stages_in_words(ranks: int, says: str) -> None:
+    # A stage per level of collectives (ranks.py): ts_sdpa's longest path has 3 (x's scatter,
+    # K's gather, y's gather), so levels 0 to 3.
+    result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=ranks, seq_len=8)
+    assert_match(result)
+    assert f"; {says}, dims " in result.summary()

@@ -248,6 +248,7 @@ def test_messages_of_the_static_checks_name_the_values(
 ) -> None:
     hints = json.loads(json.dumps(bert_hints))
     hints["kv_rank"] = 3
+    hints["v_seq_len_idx"] = 3  # V is [batch, heads, seq, head_dim]
     path = tmp_path / "h.json"
     path.write_text(json.dumps(hints))
     read = read_hints(path)
@@ -258,6 +259,23 @@ def test_messages_of_the_static_checks_name_the_values(
     messages = {f.code: f.message for f in verify(BERT, made).errors}
     assert messages["SC107"] == "kv_rank is 3, but the gathered K and V have rank 4"
     assert messages["SC113"] == "reduce_op 'mean' is not one of sum, prod, min, max, avg"
+    assert messages["SC106"] == (
+        "v_seq_len_idx is 3, but the gathered tensor of layer "
+        "/model/encoder/layer.0/attention/self/MatMul has the sequence on axis 2; 2 layers "
+        "affected"
+    )
+
+
+def test_a_length_past_the_position_table_is_refused_as_too_long_not_called_baked() -> None:
+    # GPT-2's position table has 64 rows: it runs at 8 and at 4, not at 128.
+    model, hints = REAL / "ts_gpt2_tiny.onnx", GOLDEN / "real" / "ts_gpt2_tiny.json"
+    with pytest.raises(InputError) as error:
+        verify(model, hints, seq_lens=(8, 128))
+    assert str(error.value).startswith(
+        f"{model}: the model runs at sequence lengths 4 and 8 but not at 128 (at node "
+        "/model/wpe/Gather): 128 is past the longest it supports (the size of a position "
+        "table, say); choose shorter --seq-lens. onnxruntime: "
+    )
 
 
 def test_a_length_fixed_by_the_inputs_skips_the_axis_checks_and_says_so(tmp_path: Path) -> None:
