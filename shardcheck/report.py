@@ -35,6 +35,7 @@ CODES = {
     "SC118": "Q query axis",
     "SC119": "sequence input stays whole (key side only)",
     "SC120": "sequence length fixed by the inputs",
+    "SC121": "K and V not gathered",
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",

@@ -61,6 +61,19 @@ def check_static(
                 "only ('shardcheck shard' handles it)",
                 tensor=layer.q,
             )
+    for hint in hints.attention_layers:
+        if hint.q in by_q and not hint.gather_kv and hint.replace is None:
+            report.add(
+                "SC121",
+                ERROR,
+                f"attention_layers[q={hint.q}].gather_kv",
+                f"layer {by_q[hint.q].name} is hinted with gather_kv false and no fused "
+                "replacement: its K and V would not be gathered, so it would attend to local "
+                "positions only",
+                tensor=hint.q,
+                expected="true",
+                observed="false",
+            )
     _check_kv(hints, [by_q[h.q] for h in hints.attention_layers if h.q in by_q], report)
     _check_layers(hints, shapes, by_q, report)
     _check_collectives(hints, report)

@@ -160,6 +160,11 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "SC112",
         "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.q_shuffle",
     ),
+    "K and V not gathered": (
+        lambda h: h["attention_layers"][1].update(gather_kv=False),
+        "SC121",
+        "attention_layers[q=/model/encoder/layer.1/attention/self/Mul_output_0].gather_kv",
+    ),
     # The shape of input_ids, [2] at every length: nothing to split.
     "hinted tensor without a sequence axis": (
         lambda h: h["inputs"].append(
