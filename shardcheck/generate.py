@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import carries
 from shardcheck.detect import AttentionLayer, detect_attention
-from shardcheck.errors import AnalysisError, ModelError
+from shardcheck.errors import AnalysisError, InputError, ModelError
 from shardcheck.frontier import find_frontier
 from shardcheck.graph import GraphIndex, Shape, gc_paused
 from shardcheck.hints import (
@@ -21,7 +21,7 @@ from shardcheck.options import GenOptions
 from shardcheck.patterns.polygraphy import PATTERN_DESCRIPTIONS, PatternMatch, match_all
 from shardcheck.shapes import ShapeInference
 from shardcheck.suggest import dependent_graph_inputs, dependent_graph_outputs
-from shardcheck.wording import counted
+from shardcheck.wording import counted, listed
 
 # Polygraphy's whole idea of a sequence axis: a dim with one of these names.
 POLYGRAPHY_SEQ_DIM_NAMES = ("sequence_length", "seq_len")
@@ -158,6 +158,7 @@ def _kv_axes(
     """One K index, one V index and one K/V rank for the whole model, or an error that says
     which layers disagree."""
     chosen: list[int | None] = []
+    conflicts: list[tuple[str, str]] = []  # field, the values the layers need
     for field_name, explicit, values in (
         ("k_seq_len_idx", options.k_idx, [layer.k_axis for layer in layers]),
         ("v_seq_len_idx", options.v_idx, [layer.v_axis for layer in layers]),
@@ -176,13 +177,24 @@ def _kv_axes(
                 f"{value} for {', '.join(_layers_with(layers, field_name, value))}"
                 for value in known
             )
-            raise AnalysisError(
-                f"{index.source}: the attention layers need different values of {field_name} "
-                f"({groups}); a hints file holds one for the whole model. Nothing was written; "
-                f"pass the value to use (--{_OPTION_OF[field_name]}) to write it anyway"
-            )
+            conflicts.append((field_name, groups))
         chosen.append(known[0] if known else None)
+    if conflicts:
+        # Every field at once: one run tells all the options that are needed.
+        needed = listed([f"{name} ({groups})" for name, groups in conflicts])
+        to_pass = listed([f"--{_OPTION_OF[name]}" for name, _ in conflicts])
+        raise AnalysisError(
+            f"{index.source}: the attention layers need different values of {needed}; a hints "
+            "file holds one of each for the whole model. Nothing was written; pass the values "
+            f"to use ({to_pass}) to write it anyway"
+        )
     k_idx, v_idx, kv_rank = chosen
+    for option, axis in (("--k-idx", options.k_idx), ("--v-idx", options.v_idx)):
+        if axis is not None and kv_rank is not None and axis >= kv_rank:
+            raise InputError(
+                f"{index.source}: {option} {axis}: past the rank of the gathered K and V "
+                f"({kv_rank}); the axes are 0 to {kv_rank - 1}"
+            )
     return (0 if k_idx is None else k_idx, 0 if v_idx is None else v_idx, kv_rank)
 
 

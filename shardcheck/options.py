@@ -71,6 +71,12 @@ class GenOptions:
             raise InputError(f"attention_pattern: expected 0 or 1, got {self.attention_pattern!r}")
         for name, (low, high) in BOUNDS.items():
             _bounded(name, getattr(self, name), low, high)
+        if self.gpus and self.root >= self.gpus:
+            # verify would refuse what gen wrote (SC113).
+            raise InputError(
+                f"root: {self.root} is not a rank of a group of {self.gpus} GPUs; "
+                f"expected -1 or 0 to {self.gpus - 1}"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "options") -> GenOptions:

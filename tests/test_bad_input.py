@@ -572,10 +572,17 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["gen", "MODEL", "-o", "-", "--i-idx", "99999"], "got 99999"),
     (["gen", "MODEL", "-o", "-", "--o-idx", str(10**30)], "--o-idx"),
     (["gen", "MODEL", "-o", "-", "--k-idx", "64"], "--k-idx"),
+    # attention_head's gathered K and V have rank 3.
+    (["gen", "MODEL", "-o", "-", "--k-idx", "3"], "--k-idx 3: past the rank of the gathered K"),
+    (["gen", "MODEL", "-o", "-", "--v-idx", "5"], "--v-idx 5: past the rank of the gathered K"),
     (["gen", "MODEL", "-o", "-", "--kv-rank", "65"], "--kv-rank"),
     (["gen", "MODEL", "-o", "-", "--nb-rank", "0"], "--nb-rank"),
     (["gen", "MODEL", "-o", "-", "--root", "-2"], "--root"),
     (["gen", "MODEL", "-o", "-", "--gpus", "-1"], "--gpus"),
+    (
+        ["gen", "MODEL", "-o", "-", "--gpus", "2", "--root", "2"],
+        "--root: 2 is not a rank of a group of 2 GPUs",
+    ),
     (["gen", "MODEL", "-o", "-", "--groups", HUGE], "--groups"),
     (["gen", "MODEL", "-o", "-", "--cp-type", "fused", "--q-shuffle", "65"], "--q-shuffle"),
     (["gen", "MODEL", "-o", "-", "--parallelism", "XP"], "--parallelism"),

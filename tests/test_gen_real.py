@@ -89,7 +89,11 @@ def test_layers_that_need_different_k_indices_are_reported_not_written(tmp_path:
     result = run_cli("gen", model, "-o", out)
     assert result.exit_code == 1
     assert not out.exists()
-    assert result.stderr.count("\n") == 1 and "--k-idx" in result.stderr
+    # Every value the layers disagree on is named in the one run, with its option.
+    assert result.stderr.count("\n") == 1
+    assert "v_seq_len_idx (1 for flat_mm1; 2 for heads_mm1)" in result.stderr
+    assert "kv_rank (3 for flat_mm1; 4 for heads_mm1)" in result.stderr
+    assert "(--k-idx, --v-idx and --kv-rank)" in result.stderr
     forced = run_cli("gen", model, "-o", out, "--k-idx", "3", "--v-idx", "2", "--kv-rank", "4")
     assert forced.exit_code == 0 and json.loads(out.read_text())["k_seq_len_idx"] == 3
 
