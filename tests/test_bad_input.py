@@ -584,6 +584,10 @@ OPTIONS: list[tuple[list[str], str]] = [
         "--root: 2 is not a rank of a group of 2 GPUs",
     ),
     (["gen", "MODEL", "-o", "-", "--groups", HUGE], "--groups"),
+    # Meant as lists: the option says what is wrong, not "unexpected extra argument".
+    (["gen", "MODEL", "-o", "-", "--groups", "1,2,x"], "--groups': expected integers"),
+    (["gen", "MODEL", "-o", "-", "--groups", "0", "-1"], "expected non-negative integers"),
+    (["gen", "MODEL", "-o", "-", "--q-shuffle", "1.5"], "--q-shuffle': expected integers"),
     (["gen", "MODEL", "-o", "-", "--cp-type", "fused", "--q-shuffle", "65"], "--q-shuffle"),
     (["gen", "MODEL", "-o", "-", "--parallelism", "XP"], "--parallelism"),
     (["gen", "MODEL"], "-o"),

@@ -11,6 +11,9 @@ import click
 # Options that Polygraphy takes as space-separated integer lists (argparse nargs="*").
 LIST_OPTIONS = ("--groups", "--q-shuffle", "--k-shuffle", "--v-shuffle")
 _INT_LIST = re.compile(r"^\d+(,\d+)*$")
+# Not a list, but meant as one ("1,2,x", "-1", "1.5"): taken as the value, so that the option
+# says what is wrong with it instead of click calling it an extra argument or an option.
+_MEANT_AS_LIST = re.compile(r"^-\d|^\d+(\.\d*)?$|^[^-].*,")
 
 
 def expand_list_options(args: Sequence[str]) -> list[str]:
@@ -31,6 +34,9 @@ def expand_list_options(args: Sequence[str]) -> list[str]:
             continue
         values: list[str] = []
         while position < len(args) and _INT_LIST.match(args[position]):
+            values.append(args[position])
+            position += 1
+        if position < len(args) and _MEANT_AS_LIST.match(args[position]):
             values.append(args[position])
             position += 1
         result.append(f"{token}={','.join(values)}")
