@@ -72,8 +72,8 @@ def weights_dir(path: str | os.PathLike[str]) -> Path:
 
 def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
     """Refuse (InputError) a model whose external weight files are missing or too short for
-    the tensors they hold, before onnxruntime is asked to read them. Only verify and the
-    simulation run models: gen never calls this. The files are looked at, not read."""
+    the tensors they hold, before onnxruntime is asked to read them or shard writes a model
+    that refers to them; gen never calls this. The files are looked at, not read."""
     base = weights_dir(path)
     sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file)
     for tensor in index.external_tensors():

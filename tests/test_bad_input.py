@@ -472,17 +472,22 @@ def _save_with_external_weights(directory: Path) -> tuple[Path, Path]:
     ],
     ids=["missing", "truncated"],
 )
-def test_verify_refuses_a_model_whose_weight_file_is_missing_or_short(
+def test_verify_and_shard_refuse_a_model_whose_weight_file_is_missing_or_short(
     tmp_path: Path, damage: Callable[[Path], None], says: str
 ) -> None:
     """gen never reads the weights; verify runs the model, so it needs them whole. The file
-    is looked at before onnxruntime is asked to read it."""
+    is looked at before onnxruntime is asked to read it. shard would copy it, or refer to it,
+    as it is."""
     model, weights = _save_with_external_weights(tmp_path)
     damage(weights)
     assert run_cli("gen", model, "-o", tmp_path / "h.json").exit_code == 0
     for ranks in ([], ["--ranks", "2"]):
         result = run_cli("verify", model, tmp_path / "h.json", *ranks)
         assert_one_clean_error(result, names=str(model), says=says)
+    (tmp_path / "out").mkdir()
+    sharded = tmp_path / "out" / "md.onnx"
+    assert_one_clean_error(run_cli("shard", model, tmp_path / "h.json", "-o", sharded), says=says)
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 # name -> (commands it applies to, where the output goes given (tmp, good inputs), says)
@@ -628,6 +633,7 @@ OPTIONS: list[tuple[list[str], str]] = [
     ),
     (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--rtol", "inf"], "--rtol"),
     (["shard", "MODEL", "UNFIT", "-o", "OUT"], "'nope' is not in the model"),
+    (["shard", "MODEL", "HINTS", "-o", "-"], "-o -: shard writes an ONNX model file"),
     (["diff", "HINTS"], "CANDIDATE"),
     (["check", "--manifest", "NOWHERE"], "no such file"),
 ]

@@ -9,7 +9,7 @@ import click
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
+from shardcheck.loader import check_weight_files, load_index
 from shardcheck.shard import save_sharded_model, shard_model
 
 
@@ -24,6 +24,10 @@ def shard(model: str, hints: str, output: str) -> int:
 
     External weight files stay where they are when OUTPUT is next to MODEL; otherwise they
     are copied next to OUTPUT."""
+    if output == "-":
+        raise InputError(
+            "-o -: shard writes an ONNX model file, not to standard output; give a file path"
+        )
     if Path(output).exists() and Path(output).resolve() == Path(model).resolve():
         raise InputError(f"{output}: is the input model; write the sharded model elsewhere")
     index = load_index(model)
@@ -31,7 +35,9 @@ def shard(model: str, hints: str, output: str) -> int:
         raise InputError(f"{output}: is the hints file; write the sharded model elsewhere")
     for location in index.external_locations():
         if same_file(output, Path(model).parent / location):
-            raise InputError(f"{output}: is a weight file of MODEL; write the model elsewhere")
+            raise InputError(f"{output}: is a weight file of {model}; write the model elsewhere")
+    # The weight files are copied or referred to as they are: a truncated one is refused.
+    check_weight_files(index, model)
     sharded = shard_model(index, read_hints(hints), hints_source=hints)
     save_sharded_model(sharded.model, source=model, output=output)
     return 0
