@@ -431,6 +431,13 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads(text: str, source: str = "<hints>") -> ShardHints:
     """Parse and validate hints JSON text."""
+    if text.startswith("\ufeff"):
+        raise HintsFormatError(
+            source,
+            "",
+            "starts with a byte-order mark (BOM), which JSON readers such as Polygraphy's "
+            "refuse; save the file as UTF-8 without a BOM",
+        )
     try:
         document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_json_object)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:

@@ -488,8 +488,9 @@ class PendingSession:
 
 
 class _Session:
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, source: str) -> None:
         self.session = session
+        self.source = source  # the model file, for messages
         self.outputs = [o.name for o in session.get_outputs()]
         self.last: tuple[list[str], list[np.ndarray]] = ([], [])
 
@@ -501,7 +502,7 @@ def _session(model: bytes, weights_dir: Path, source: str) -> _Session:
         raise InputError(
             f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"
         ) from None
-    return _Session(session)
+    return _Session(session, source)
 
 
 def _run(
@@ -532,7 +533,8 @@ def _run(
     except Exception as exc:  # onnxruntime raises its own exception types
         if run_options.terminate:
             raise InputError(
-                f"onnxruntime did not finish within --timeout {timeout} s (sequence length "
+                f"{session.source}: onnxruntime did not finish within --timeout {timeout} s "
+                f"(sequence length "
                 f"{length}); give it more time or use shorter --seq-lens"
             ) from None
         return " ".join(str(exc).split())

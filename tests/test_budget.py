@@ -175,8 +175,8 @@ def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:
     # The message is given only when onnxruntime stopped because the timer set terminate.
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "shardcheck: error: onnxruntime did not finish within --timeout 0.05 s (sequence "
-        "length 1024); give it more time or use shorter --seq-lens"
+        f"shardcheck: error: {model}: onnxruntime did not finish within --timeout 0.05 s "
+        "(sequence length 1024); give it more time or use shorter --seq-lens"
     ]
     # 100 blocks at length 1024 take seconds (1024x1024 scores, twice, per block).
     assert elapsed < 1.5, f"verify took {elapsed:.2f} s despite --timeout 0.05"

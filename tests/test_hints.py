@@ -191,3 +191,6 @@ def test_invalid_json_and_wrong_top_level() -> None:
         loads('{"kv_rank": NaN}', "h.json")
     with pytest.raises(HintsFormatError, match=r"^h.json: expected a JSON object"):
         loads("[1, 2]", "h.json")
+    # Python's json (Polygraphy's reader) refuses it too; say what to do about it.
+    with pytest.raises(HintsFormatError, match=r"^h.json: starts with a byte-order mark \(BOM\)"):
+        loads("\ufeff" + dumps(ShardHints()), "h.json")

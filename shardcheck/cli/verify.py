@@ -39,8 +39,20 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     default=None,
     help="Also simulate CP on this many ranks and compare with one device.",
 )
-@click.option("--rtol", type=float, default=1e-4, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option(
+    "--rtol",
+    type=float,
+    default=1e-4,
+    show_default=True,
+    help="Relative tolerance of the simulation's comparison (with --ranks).",
+)
+@click.option(
+    "--atol",
+    type=float,
+    default=1e-5,
+    show_default=True,
+    help="Absolute tolerance of the simulation's comparison (with --ranks).",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
