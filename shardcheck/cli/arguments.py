@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Options that Polygraphy takes as space-separated integer lists (argparse nargs="*").
 LIST_OPTIONS = ("--groups", "--q-shuffle", "--k-shuffle", "--v-shuffle")
@@ -101,3 +103,21 @@ FORMAT_OPTION = click.option(
     show_default=True,
     help="text for people, json for machines (the same content).",
 )
+
+
+def tolerance_options(when: str = "") -> Callable[[F], F]:
+    """``--rtol`` and ``--atol`` of the comparison with one device; ``when``: a note on when
+    they apply (verify: with --ranks)."""
+
+    def decorate(command: F) -> F:
+        for name, default, kind in (("--atol", 1e-5, "Absolute"), ("--rtol", 1e-4, "Relative")):
+            command = click.option(
+                name,
+                type=float,
+                default=default,
+                show_default=True,
+                help=f"{kind} tolerance of the comparison with one device{when}.",
+            )(command)
+        return command
+
+    return decorate

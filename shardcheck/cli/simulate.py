@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from shardcheck.cli.arguments import DIM_SETTING, dims_mapping
+from shardcheck.cli.arguments import DIM_SETTING, dims_mapping, tolerance_options
 from shardcheck.simulate import simulate
 
 
@@ -25,8 +25,7 @@ from shardcheck.simulate import simulate
     multiple=True,
     help="Value of a symbolic dim (repeatable); batch-like dims default to 1, others to 2.",
 )
-@click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance.")
-@click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
+@tolerance_options()
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 def simulate_command(
     model: str,

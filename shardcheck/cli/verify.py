@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from shardcheck.cli.arguments import DIM_SETTING, FORMAT_OPTION, dims_mapping
+from shardcheck.cli.arguments import DIM_SETTING, FORMAT_OPTION, dims_mapping, tolerance_options
 from shardcheck.verify import DEFAULT_SEQ_LENS, verify
 
 
@@ -39,20 +39,7 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     default=None,
     help="Also simulate CP on this many ranks and compare with one device.",
 )
-@click.option(
-    "--rtol",
-    type=float,
-    default=1e-4,
-    show_default=True,
-    help="Relative tolerance of the simulation's comparison (with --ranks).",
-)
-@click.option(
-    "--atol",
-    type=float,
-    default=1e-5,
-    show_default=True,
-    help="Absolute tolerance of the simulation's comparison (with --ranks).",
-)
+@tolerance_options(" (the simulation's, with --ranks)")
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
