@@ -7,6 +7,7 @@ from shardcheck.graph import GraphIndex
 from shardcheck.hints import REDUCE_OPS, ShardHints, ShardTensor
 from shardcheck.report import ERROR, WARNING, Report
 from shardcheck.shapes import ShapeInference
+from shardcheck.wording import counted, listed
 
 
 def check_static(
@@ -118,20 +119,39 @@ def _check_tensor(
 
 
 def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -> None:
-    for what, code, hinted, axis_of, why in (
+    for what, code, hinted, axis_of, rank_of, why in (
         (
             "k_seq_len_idx",
             "SC105",
             hints.k_seq_len_idx,
             lambda layer: layer.k_axis,
+            lambda layer: layer.k_rank,
             " (MatMul's K is [..., D, S] when the model computes q @ k^T)",
         ),
-        ("v_seq_len_idx", "SC106", hints.v_seq_len_idx, lambda layer: layer.v_axis, ""),
+        (
+            "v_seq_len_idx",
+            "SC106",
+            hints.v_seq_len_idx,
+            lambda layer: layer.v_axis,
+            lambda layer: layer.v_rank,
+            "",
+        ),
     ):
+        ranks = sorted({rank_of(layer) for layer in layers} - {None})
+        if ranks and hinted >= ranks[0]:
+            report.add(
+                "SC103",
+                ERROR,
+                what,
+                f"{what} {hinted} is outside the rank {listed([str(r) for r in ranks])} of the "
+                f"gathered {what[0].upper()}",
+                expected=f"< {ranks[0]}",
+                observed=hinted,
+            )
         wrong = [layer for layer in layers if axis_of(layer) not in (None, hinted)]
         if wrong:
             needed = sorted({axis_of(layer) for layer in wrong})
-            affected = "1 layer" if len(wrong) == 1 else f"{len(wrong)} layers"
+            affected = counted(len(wrong), "layer")
             report.add(
                 code,
                 ERROR,

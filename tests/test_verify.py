@@ -141,6 +141,8 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     ),
     # BERT's gathered K and V are [batch, heads, ., .]: rank 4.
     "kv_rank": (lambda h: h.update(kv_rank=3), "SC107", "kv_rank"),
+    "k_seq_len_idx past the rank": (lambda h: h.update(k_seq_len_idx=4), "SC103", "k_seq_len_idx"),
+    "v_seq_len_idx past the rank": (lambda h: h.update(v_seq_len_idx=5), "SC103", "v_seq_len_idx"),
     "gather_q on one layer only": (
         lambda h: h["attention_layers"][0].update(gather_q=True),
         "SC111",
