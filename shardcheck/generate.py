@@ -44,8 +44,39 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
     """
     with gc_paused():
         if options.compat == "polygraphy":
-            return _generate_polygraphy(index, options)
-        return _generate_detected(index, options)
+            result = _generate_polygraphy(index, options)
+        else:
+            result = _generate_detected(index, options)
+    ignored = _ignored_options(options)
+    if not ignored:
+        return result
+    return GenResult(result.hints, (*result.warnings, *ignored), result.layers)
+
+
+def _ignored_options(options: GenOptions) -> list[str]:
+    """Warnings for options given values that change nothing in this mode (Polygraphy ignores
+    them silently; the hints are the same as without them)."""
+    warnings = []
+    if options.cp_type == "native":
+        fused_only = [
+            f"--{name.replace('_', '-')}"
+            for name in ("q_shuffle", "k_shuffle", "v_shuffle")
+            if getattr(options, name) is not None
+        ] + (["--is-causal"] if options.is_causal else [])
+        if fused_only:
+            warnings.append(
+                f"{listed(fused_only)} {'applies' if len(fused_only) == 1 else 'apply'} to "
+                "--cp-type fused only; ignored"
+            )
+    if options.compat == "none" and options.attention_pattern != 0:
+        warnings.append(
+            "--attention-pattern chooses a Polygraphy pattern, for --compat polygraphy only; "
+            "ignored (shardcheck detects attention as exporters write it)"
+        )
+    if options.io == "graph" and (options.compat == "polygraphy" or options.no_suggest_io):
+        why = "--compat polygraphy" if options.compat == "polygraphy" else "--no-suggest-io"
+        warnings.append(f"--io graph changes nothing with {why}; ignored")
+    return warnings
 
 
 def _collectives(options: GenOptions) -> DistCollective:

@@ -124,6 +124,36 @@ def test_layers_polygraphy_would_skip_are_counted_in_a_warning(model: Path, says
     assert says in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("base", "ignored", "says"),
+    [
+        ([], ["--q-shuffle", "0", "1"], "--q-shuffle applies to --cp-type fused only; ignored"),
+        (
+            [],
+            ["--is-causal", "--k-shuffle", "1", "0"],
+            "--k-shuffle and --is-causal apply to --cp-type fused only; ignored",
+        ),
+        ([], ["--attention-pattern", "1"], "--attention-pattern chooses a Polygraphy pattern"),
+        (["--no-suggest-io"], ["--io", "graph"], "--io graph changes nothing with --no-suggest"),
+        (
+            ["--compat", "polygraphy"],
+            ["--io", "graph"],
+            "--io graph changes nothing with --compat polygraphy",
+        ),
+    ],
+)
+def test_options_that_change_nothing_are_warned_of_and_change_nothing(
+    base: list[str], ignored: list[str], says: str
+) -> None:
+    model = FIXTURES / "attention_head.onnx"
+    without = run_cli("gen", model, "-o", "-", *base)
+    result = run_cli("gen", model, "-o", "-", *base, *ignored)
+    assert result.exit_code == 0
+    assert f"shardcheck: warning: {says}" in result.stderr
+    assert "warning" not in without.stderr
+    assert result.stdout == without.stdout
+
+
 def test_python_api_equals_cli() -> None:
     model = FIXTURES / "attention_output_chain.onnx"
     result = generate(load_index(model), GenOptions(compat="polygraphy"))
