@@ -208,6 +208,39 @@ def test_report_file_with_text_output(tmp_path: Path) -> None:
     assert json.loads(report.read_text())["ok"] is True
 
 
+@pytest.mark.parametrize(
+    ("report", "says"),
+    [
+        ("shardcheck.toml", "--report shardcheck.toml: is the manifest"),
+        ("golden/attention.json", "--report golden/attention.json: is the golden of attention"),
+        ("fixtures/attention.onnx", "--report fixtures/attention.onnx: is the model of attention"),
+        ("golden/report.json", "--report golden/report.json: is inside golden-dir golden"),
+        ("-", "--report -: the report is written to a file"),
+        ("missing/report.json", "missing/report.json: cannot write: directory 'missing' does"),
+    ],
+)
+def test_a_report_path_that_cannot_be_the_report_is_refused_before_any_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: str, says: str
+) -> None:
+    make_project(tmp_path, ("attention",))
+    drift(tmp_path / "golden" / "attention.json")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    # --update would rewrite the drifted golden: the refusal comes first.
+    result = run_cli("check", "--update", "--report", report)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"shardcheck: error: {says}"), result.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_an_empty_manifest_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_project(tmp_path, ("attention",))
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", "--manifest", "")
+    assert result.exit_code == 2
+    assert result.stderr == "shardcheck: error: --manifest '': the manifest path is empty\n"
+
+
 def test_unusable_manifest_exits_2_with_one_error_line(tmp_path: Path) -> None:
     manifest = make_project(tmp_path, ("attention",))
     manifest.write_text(manifest.read_text().replace('golden = "golden/attention.json"\n', ""))

@@ -7,9 +7,10 @@ import json
 import click
 
 from shardcheck.cli.arguments import FORMAT_OPTION
-from shardcheck.fsio import atomic_write_text
+from shardcheck.errors import InputError
+from shardcheck.fsio import atomic_write_text, output_target, same_file
 from shardcheck.gate import run_check
-from shardcheck.manifest import find_manifest, load_manifest
+from shardcheck.manifest import Manifest, find_manifest, load_manifest
 
 
 @click.command()
@@ -34,7 +35,12 @@ def check(
     Exit 0 if all match, 1 if any model differs, has no golden, fails or a golden is stale,
     2 if the manifest cannot be used.
     """
-    result = run_check(load_manifest(manifest or find_manifest()), update=update, verify=verify)
+    if manifest == "":
+        raise InputError("--manifest '': the manifest path is empty")
+    loaded = load_manifest(find_manifest() if manifest is None else manifest)
+    if report is not None:  # refused before any golden is written
+        _refuse_report_path(report, loaded)
+    result = run_check(loaded, update=update, verify=verify)
     document = json.dumps(result.to_json(), indent=2) + "\n"
     if output_format == "json":
         click.echo(document, nl=False)
@@ -44,3 +50,28 @@ def check(
     if report is not None:  # --report '' is a path that cannot be written, not 'no report'
         atomic_write_text(report, document)
     return 0 if result.ok else 1
+
+
+def _refuse_report_path(report: str, manifest: Manifest) -> None:
+    """InputError for a --report path that cannot be written or names one of the gate's own
+    files: the manifest, a model, a golden, or a place in golden-dir (where the report would
+    be taken for a stale golden)."""
+    if report == "-":
+        raise InputError(
+            "--report -: the report is written to a file; for the JSON report on standard "
+            "output use --format json"
+        )
+    target, _ = output_target(report)
+    inputs = [("the manifest", manifest.source)]
+    for entry in manifest.models:
+        inputs += [(f"the model of {entry.name}", entry.model_path)]
+        inputs += [(f"the golden of {entry.name}", entry.golden_path)]
+    for what, path in inputs:
+        if same_file(target, path) or target.resolve() == path.resolve():
+            raise InputError(f"--report {report}: is {what}; write the report elsewhere")
+    golden_dir = manifest.golden_dir
+    if golden_dir is not None and target.resolve().is_relative_to(golden_dir.resolve()):
+        raise InputError(
+            f"--report {report}: is inside golden-dir {manifest.display(golden_dir)}, where it "
+            "would be taken for a stale golden; write the report elsewhere"
+        )
