@@ -111,12 +111,27 @@ def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
         )
     models = tuple(_model(raw, position, source, root) for position, raw in enumerate(raw_models))
     _check_unique(models, source)
-    return Manifest(
-        source=source,
-        root=root,
-        models=models,
-        golden_dir=None if golden_dir_text is None else root / golden_dir_text,
+    golden_dir = None if golden_dir_text is None else root / golden_dir_text
+    if golden_dir is not None:
+        _check_golden_dir(golden_dir, golden_dir_text, models, source)
+    return Manifest(source=source, root=root, models=models, golden_dir=golden_dir)
+
+
+def _check_golden_dir(
+    golden_dir: Path, text: str | None, models: tuple[ModelEntry, ...], source: Path
+) -> None:
+    """A golden-dir that is a file, or is missing with none of the goldens in it (a misspelt
+    path), would silently turn the stale-golden check off."""
+    where = f"{TABLE}.golden-dir"
+    if golden_dir.exists() and not golden_dir.is_dir():
+        raise _error(source, where, f"{text!r} is not a directory")
+    inside = any(
+        entry.golden_path.resolve().is_relative_to(golden_dir.resolve()) for entry in models
     )
+    if not golden_dir.exists() and not inside:
+        raise _error(
+            source, where, f"{text!r} does not exist and holds none of the goldens; check the path"
+        )
 
 
 def _shardcheck_table(document: Mapping[str, Any], source: Path) -> Mapping[str, Any]:

@@ -242,6 +242,16 @@ INVALID = {
         'models = ["a.onnx"]\n',
         'tool.shardcheck.models[0]: expected a table, got "a.onnx"',
     ),
+    # Either would turn the stale-golden check off without a word.
+    "golden-dir misspelt": (
+        'golden-dir = "goldne"\n' + GOOD,
+        "tool.shardcheck.golden-dir: 'goldne' does not exist and holds none of the goldens; "
+        "check the path",
+    ),
+    "golden-dir a file": (
+        'golden-dir = "pyproject.toml"\n' + GOOD,
+        "tool.shardcheck.golden-dir: 'pyproject.toml' is not a directory",
+    ),
     "golden-dir not a string": (
         "golden-dir = 1\n" + GOOD,
         "tool.shardcheck.golden-dir: expected a path (a non-empty string), got 1",
