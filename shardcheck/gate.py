@@ -260,7 +260,9 @@ def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:
     if entry.seq_lens is not None:
         settings["seq_lens"] = entry.seq_lens
     try:
-        report = verify_hints(str(entry.model_path), hints, **settings)
+        report = verify_hints(
+            str(entry.model_path), hints, hints_source="the hints gen writes", **settings
+        )
     except ShardcheckError as exc:
         return VerifyOutcome(ok=False, text=exc.message, error=exc.message)
     return VerifyOutcome(ok=bool(report.ok), text=report.render_text(), report=report.to_json())

@@ -60,8 +60,11 @@ def verify(
     timeout: float | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    hints_source: str = "<hints>",
 ) -> Report:
-    """Check ``hints`` against ``model_path``; every finding is collected, not only the first."""
+    """Check ``hints`` against ``model_path``; every finding is collected, not only the first.
+
+    ``hints_source``: what messages call ``hints`` when it is a ShardHints, not a file."""
     if len(seq_lens) < 2 or len(set(seq_lens)) != len(seq_lens) or min(seq_lens) < 1:
         raise InputError(
             f"--seq-lens {','.join(map(str, seq_lens))}: give at least two different positive "
@@ -87,7 +90,7 @@ def verify(
                 f"ranks ({which}); choose --seq-lens accordingly"
             )
     parsed = parse_model(model_path, keep_bytes=True)
-    hints_source = "<hints>" if isinstance(hints, ShardHints) else str(hints)
+    hints_source = hints_source if isinstance(hints, ShardHints) else str(hints)
     hints = hints if isinstance(hints, ShardHints) else read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
     index = index_parsed(parsed)

@@ -403,7 +403,7 @@ def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> Non
     hints = generate(load_index(model), compat).hints
     (tmp_path / "golden" / "attention_head.json").write_text(dumps(hints))
     manifest.write_text(manifest.read_text() + 'gen = { compat = "polygraphy" }\nverify = true\n')
-    report = verify_module.verify(str(model), hints)
+    report = verify_module.verify(str(model), hints, hints_source="the hints gen writes")
     assert not report.ok
 
     result = run_cli("check", "--manifest", manifest, "--verify")
@@ -411,6 +411,8 @@ def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> Non
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[0] == "FAILED   attention_head (verify failed)"
+    # The hints verified are those gen writes now (not a file): said so, not "<hints>".
+    assert lines[1] == f"    verify {model} with the hints gen writes"
     assert lines[1:] == [
         f"    {line}" if line else "" for line in report.render_text().splitlines()
     ]

@@ -302,7 +302,11 @@ def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Pat
     assert verified.verify is not None
     hints = read_hints(tmp_path / "golden" / "attention.json")
     direct = verify_module.verify(
-        str(tmp_path / "fixtures" / "attention.onnx"), hints, ranks=2, seq_lens=(4, 8)
+        str(tmp_path / "fixtures" / "attention.onnx"),
+        hints,
+        ranks=2,
+        seq_lens=(4, 8),
+        hints_source="the hints gen writes",
     )
     # Same settings, same verdict and findings (the report's timings differ from run to run).
     assert verified.verify.ok == direct.ok
