@@ -25,10 +25,18 @@ _EXTENSION = "onnx.onnx_cpp2py_export"
 MAX_CHECKED_BYTES = 2**31
 
 
+# The modules loaded here, kept apart from sys.modules: code that restores a snapshot of
+# sys.modules (pytest's in-process runs do) drops them from it, and the compiled extension
+# must not run twice in one process (nanobind aborts on its second registration).
+# The extension registers its submodules (onnx.onnx_cpp2py_export.defs ...) there too.
+_LOADED_ALONE: dict[str, dict[str, ModuleType]] = {}
+
+
 def _load_alone(name: str, file_names: Iterable[str], expected: str) -> ModuleType | None:
     """``name`` (a module of the onnx package) loaded from the first of ``file_names`` in the
     package's directory, without running the package's ``__init__``; None when it cannot be
     (the package is already imported, or laid out otherwise) or lacks ``expected``."""
+    _restore_loaded_alone()
     loaded = sys.modules.get(name)
     if loaded is not None:
         return loaded
@@ -52,11 +60,22 @@ def _load_alone(name: str, file_names: Iterable[str], expected: str) -> ModuleTy
             del sys.modules[name]
             raise
         if hasattr(module, expected):
+            _LOADED_ALONE[name] = {
+                key: value
+                for key, value in sys.modules.items()
+                if key == name or key.startswith(f"{name}.")
+            }
             return module
         del sys.modules[name]
     except (ImportError, OSError):
         pass
     return None
+
+
+def _restore_loaded_alone() -> None:
+    for modules in _LOADED_ALONE.values():
+        for module_name, module in modules.items():
+            sys.modules.setdefault(module_name, module)
 
 
 def _load_messages() -> ModuleType:
@@ -84,6 +103,7 @@ def checker() -> ModuleType:
 
 def full_onnx() -> ModuleType:
     """The ``onnx`` package itself (helpers, serialization formats), imported now."""
+    _restore_loaded_alone()  # else importing the package would run the extension again
     import onnx
 
     # The package binds its submodules as attributes when it imports them; one that was

@@ -51,6 +51,22 @@ def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
     assert out.stdout.split() == ["ok"], out.stderr[-2000:]
 
 
+def test_the_checker_survives_a_restored_snapshot_of_sys_modules() -> None:
+    # pytest's in-process runs (pytester) restore sys.modules afterwards, dropping the
+    # extension loaded meanwhile; loading it again aborted the process (nanobind).
+    code = (
+        "import sys; from shardcheck import protos\n"
+        "snapshot = dict(sys.modules)\n"
+        "first = protos.checker()\n"
+        "sys.modules.clear(); sys.modules.update(snapshot)\n"
+        "assert protos.full_onnx().checker.C is first\n"
+        "assert protos.checker() is first\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+
+
 def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None:
     # onnx's checker is loaded alone (its compiled extension); the onnx package imported
     # afterwards finds it loaded, and its checker raises the same error class.
