@@ -35,6 +35,8 @@ class _Settings:
     update: bool
     manifest_path: Path | None  # resolved; None unless --shardcheck
     written: list[str] = field(default_factory=list)  # goldens written this session
+    # golden path -> the test that compares with it (two tests must not share one)
+    fixture_goldens: dict[Path, str] = field(default_factory=dict)
 
 
 _SETTINGS = pytest.StashKey[_Settings]()
@@ -84,7 +86,8 @@ def _manifest_path(config: pytest.Config) -> Path:
     if option:
         path = config.invocation_params.dir / option
         if not path.is_file():
-            raise pytest.UsageError(f"--shardcheck-manifest: {option}: no such file")
+            problem = "is a directory, expected a TOML file" if path.is_dir() else "no such file"
+            raise pytest.UsageError(f"--shardcheck-manifest: {option}: {problem}")
         return path.resolve()
     for name in ("shardcheck.toml", "pyproject.toml"):
         path = config.rootpath / name
@@ -280,13 +283,25 @@ class ShardHintsRegression:
         from shardcheck.options import GenOptions
 
         golden = self.golden_path(basename)
-        update = _settings(self._request.config).update or not golden.exists()
+        settings = _settings(self._request.config)
+        # Test names map to file names many to one ("a-b" and "a_b" both give "a_b").
+        owner = settings.fixture_goldens.setdefault(golden, self._request.node.nodeid)
+        if owner != self._request.node.nodeid:
+            pytest.fail(
+                f"{self._shown(golden)} is the golden of {owner} too; give one of the tests "
+                "its own with check(..., basename=...)",
+                pytrace=False,
+            )
+        update = settings.update or not golden.exists()
+        error = None
         try:
             options = GenOptions.from_mapping(gen_options, source="shard_hints_regression.check")
             hints = generate(load_index(model_path), options).hints
             comparison = compare_with_golden(hints, golden, update=update)
         except ShardcheckError as exc:
-            pytest.fail(exc.message, pytrace=False)
+            error = exc.message
+        if error is not None:  # failed outside the except: no "during handling of" chain
+            pytest.fail(error, pytrace=False)
         lines = [f"    {difference.line()}" for difference in comparison.differences]
         shown = self._shown(golden)
         if comparison.status == CREATED:

@@ -219,6 +219,11 @@ def test_explicit_manifest_option(pytester: pytest.Pytester) -> None:
     missing = run(pytester, "--shardcheck", "--shardcheck-manifest", "nope.toml")
     assert missing.ret == pytest.ExitCode.USAGE_ERROR
     missing.stderr.fnmatch_lines(["*--shardcheck-manifest: nope.toml: no such file*"])
+    directory = run(pytester, "--shardcheck", "--shardcheck-manifest", "sub")
+    assert directory.ret == pytest.ExitCode.USAGE_ERROR
+    directory.stderr.fnmatch_lines(
+        ["*--shardcheck-manifest: sub: is a directory, expected a TOML file*"]
+    )
 
 
 def test_verify_item_without_verify_module_fails_cleanly(
@@ -330,4 +335,34 @@ def test_regression_fixture_bad_option_is_a_clean_failure(pytester: pytest.Pytes
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*shard_hints_regression.check: gen option 'cp_type': expected a string, got 3"]
+    )
+    # Said once: no "During handling of the above exception" and the message again.
+    assert result.stdout.str().count("expected a string, got 3") == 1
+    assert "During handling" not in result.stdout.str()
+
+
+def test_two_tests_whose_names_map_to_one_golden_are_told_apart(
+    pytester: pytest.Pytester,
+) -> None:
+    shutil.copy(FIXTURES / "attention_head.onnx", pytester.path / "m.onnx")
+    pytester.makepyfile(
+        test_h="""
+        import pytest
+
+        @pytest.mark.parametrize("x", ["a-b", "a_b"])
+        def test_param(shard_hints_regression, x):
+            shard_hints_regression.check("m.onnx")
+        """
+    )
+
+    result = run(pytester, "-p", "no:randomly")
+
+    # The first creates test_h/test_param_a_b_.json; the second may not take it as its own.
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*created: test_h/test_param_a_b_.json*",
+            "*test_h/test_param_a_b_.json is the golden of test_h.py::test_param[[]a-b[]] too; "
+            "give one of the tests its own with check(..., basename=...)*",
+        ]
     )
