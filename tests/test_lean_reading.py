@@ -20,6 +20,12 @@ from shardcheck.graph import GraphIndex, raw_values
 from shardcheck.loader import _run_checker, load_index, parse_model
 
 
+def assert_prints_ok(code: str) -> None:
+    """``code`` run by a fresh interpreter prints "ok" and nothing else."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+
+
 def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
     # One process for all models: each gen must leave both unimported in the process itself
     # (the checker's child process imports onnx; that is its own).
@@ -31,8 +37,7 @@ def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> No
         "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+    assert_prints_ok(code)
 
 
 def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
@@ -47,8 +52,7 @@ def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
         "onnx.checker.check_model(model)\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+    assert_prints_ok(code)
 
 
 def test_the_checker_survives_a_restored_snapshot_of_sys_modules() -> None:
@@ -63,8 +67,7 @@ def test_the_checker_survives_a_restored_snapshot_of_sys_modules() -> None:
         "assert protos.checker() is first\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.stdout.split() == ["ok"], out.stderr[-2000:]
+    assert_prints_ok(code)
 
 
 def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None:
