@@ -89,7 +89,10 @@ class ModelResult:
             return [f"{word}{name}: {self.error}"]
         notes = [*_golden_notes(self.entry, self.golden, update_flag), *self._verify_notes()]
         headline = f"{word}{name}" + (f" ({'; '.join(notes)})" if notes else "")
-        details = [difference.line() for difference in self.golden.differences]
+        # The headline names the model: its path, which begins gen's warnings, is left out.
+        model = f"{self.entry.model_path}: "
+        details = [f"warning: {warning.removeprefix(model)}" for warning in self.warnings]
+        details += [difference.line() for difference in self.golden.differences]
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
             details.extend(self.verify.text.splitlines())
         return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]

@@ -16,6 +16,11 @@ FIXTURES = ROOT / "fixtures"
 # Every bundled model: the hand-built fixtures and the real exports.
 FIXTURE_MODELS = sorted([*FIXTURES.glob("*.onnx"), *(FIXTURES / "real").glob("*.onnx")])
 GOLDEN = ROOT / "golden"
+# What gen warns of fixtures/multi_attention.onnx (its second layer declares no shapes).
+MULTI_ATTENTION_WARNING = (
+    "the ranks of Q/K/V are unknown for layer attn2_mm1; their axes fall back to the "
+    "--k-idx/--v-idx/--kv-rank options"
+)
 SHARED = ROOT.parent / "shared"
 ANCHORS = SHARED / "anchor-models"
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, MULTI_ATTENTION_WARNING
 
 from shardcheck.errors import InputError
 from shardcheck.gate import (
@@ -82,6 +82,7 @@ def test_matching_goldens_are_ok(tmp_path: Path) -> None:
         "ok       attention",
         "ok       attention_head",
         "ok       multi_attention",
+        f"    warning: {MULTI_ATTENTION_WARNING}",
     ]
     assert result.written == ()
 
@@ -101,6 +102,7 @@ def test_changed_golden_differs_and_names_each_difference(tmp_path: Path) -> Non
         "DIFFERS  attention_head (1 difference)",
         '    dist_collectives.reduce_op: "sum" -> "max"',
         "ok       multi_attention",
+        f"    warning: {MULTI_ATTENTION_WARNING}",
     ]
 
 
