@@ -296,6 +296,8 @@ def _golden_notes(entry: ModelEntry, golden: GoldenComparison, update_flag: str)
     if golden.status == MISSING:
         return [f"no golden: {entry.golden_text}; run with {update_flag}"]
     if golden.status == INVALID:
+        if golden.golden_path.is_dir():  # --update cannot write a file there
+            return [f"{golden.problem}; remove it, or give the model another golden path"]
         return [f"{golden.problem}; run with {update_flag}"]
     if golden.status == CREATED:
         return [f"wrote {entry.golden_text}"]

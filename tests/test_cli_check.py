@@ -161,6 +161,21 @@ def test_missing_golden_fails_until_update_writes_it(tmp_path: Path) -> None:
     assert golden.read_bytes() == expected
 
 
+def test_a_golden_that_is_a_directory_is_not_said_to_be_fixed_by_update(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention",))
+    golden = tmp_path / "golden" / "attention.json"
+    golden.unlink()
+    golden.mkdir()
+
+    result = run_cli("check", "--manifest", manifest)
+
+    assert result.exit_code == 1
+    assert result.stdout == (
+        f"INVALID  attention ({golden}: is a directory, expected a JSON hints file; remove it, "
+        "or give the model another golden path)\n"
+    )
+
+
 def test_stale_golden_fails(tmp_path: Path) -> None:
     manifest = make_project(tmp_path, ("attention",))
     (tmp_path / "golden" / "old.json").write_text("{}\n")
