@@ -35,8 +35,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` with ``data``: a temporary file in the same directory, then a rename.
 
     A reader (or a crash at any moment) sees the old file or the new one, never a part. On
-    failure the temporary file is removed and the old file is untouched.
+    failure the temporary file is removed and the old file is untouched. Through a symbolic
+    link, the file it points to is replaced, and the link kept.
     """
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     target, directory = output_target(path)
     if target.exists() and not target.is_file():
         _write_in_place(target, data)  # a device or a pipe (-o /dev/null): never replaced

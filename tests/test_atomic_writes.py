@@ -240,3 +240,26 @@ def test_an_output_that_is_a_pipe_receives_the_bytes(tmp_path: Path, command: st
     assert result.exit_code == 0, result.stderr
     assert received == [new]
     assert stat.S_ISFIFO(output.stat().st_mode)
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+@pytest.mark.parametrize("command", ["gen", "fmt"])
+def test_an_output_that_is_a_link_replaces_the_file_it_points_to(
+    tmp_path: Path, command: str
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target = shared / "hints.json"
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(os.path.relpath(target, tmp_path))
+    flat = tmp_path / "flat.json"  # fmt's input: the golden, already in the 0.53.6 format
+    shutil.copy(HINTS, flat)
+
+    argv = ["gen", MODEL, "-o", link] if command == "gen" else ["fmt", flat, "-o", link]
+    result = run_cli(*argv)
+
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert read_hints(target) == read_hints(HINTS)
+    assert sorted(p.name for p in shared.iterdir()) == ["hints.json"]  # no temporary left
