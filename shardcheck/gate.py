@@ -64,6 +64,8 @@ class ModelResult:
     error: str | None = None  # the model could not be loaded or generated, or its golden written
     warnings: tuple[str, ...] = ()
     verify: VerifyOutcome | None = None
+    # --update left the golden as it was: the hints it would have written fail verify.
+    held_back: bool = False
 
     @property
     def status(self) -> str:
@@ -87,7 +89,11 @@ class ModelResult:
         name = self.entry.name
         if self.error is not None or self.golden is None:
             return [f"{word}{name}: {self.error}"]
-        notes = [*_golden_notes(self.entry, self.golden, update_flag), *self._verify_notes()]
+        notes = [
+            *_golden_notes(self.entry, self.golden, None if self.held_back else update_flag),
+            *(["not written: the hints fail verify"] if self.held_back else []),
+            *self._verify_notes(),
+        ]
         headline = f"{word}{name}" + (f" ({'; '.join(notes)})" if notes else "")
         # The headline names the model: its path, which begins gen's warnings, is left out.
         model = f"{self.entry.model_path}: "
@@ -116,6 +122,7 @@ class ModelResult:
             "golden_problem": None if golden is None else golden.problem,
             "differences": [] if golden is None else [d.as_json() for d in golden.differences],
             "warnings": list(self.warnings),
+            "held_back": self.held_back,
             "verify": None
             if self.verify is None
             else {"ok": self.verify.ok, "error": self.verify.error, "report": self.verify.report},
@@ -191,12 +198,19 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
         generated = generate(load_index(entry.model_path), entry.gen)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message)
+    outcome = run_verify(entry, generated.hints) if verify and entry.verify else None
+    # Hints that fail verify are not made the golden, --update or not.
+    held_back = update and outcome is not None and not outcome.ok
     try:
-        golden = compare_with_golden(generated.hints, entry.golden_path, update=update)
+        golden = compare_with_golden(
+            generated.hints, entry.golden_path, update=update and not held_back
+        )
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message, warnings=generated.warnings)
-    outcome = run_verify(entry, generated.hints) if verify and entry.verify else None
-    return ModelResult(entry, golden, warnings=generated.warnings, verify=outcome)
+    held_back = held_back and golden.status != OK
+    return ModelResult(
+        entry, golden, warnings=generated.warnings, verify=outcome, held_back=held_back
+    )
 
 
 def verify_model(entry: ModelEntry) -> VerifyOutcome:
@@ -289,16 +303,20 @@ def _status_word(status: str) -> str:
     return word.ljust(STATUS_WIDTH)
 
 
-def _golden_notes(entry: ModelEntry, golden: GoldenComparison, update_flag: str) -> list[str]:
+def _golden_notes(
+    entry: ModelEntry, golden: GoldenComparison, update_flag: str | None
+) -> list[str]:
+    """What the comparison found; ``update_flag``: what to run to fix it (None: no advice)."""
     count = count_text(golden.differences)
+    advice = "" if update_flag is None else f"; run with {update_flag}"
     if golden.status == DIFFERS:
         return [count]
     if golden.status == MISSING:
-        return [f"no golden: {entry.golden_text}; run with {update_flag}"]
+        return [f"no golden: {entry.golden_text}{advice}"]
     if golden.status == INVALID:
         if golden.golden_path.is_dir():  # --update cannot write a file there
             return [f"{golden.problem}; remove it, or give the model another golden path"]
-        return [f"{golden.problem}; run with {update_flag}"]
+        return [f"{golden.problem}{advice}"]
     if golden.status == CREATED:
         return [f"wrote {entry.golden_text}"]
     if golden.status == UPDATED:

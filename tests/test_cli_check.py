@@ -414,6 +414,29 @@ def test_sigkill_during_update_leaves_every_golden_old_or_new(tmp_path: Path) ->
     assert all(golden.read_text() == new[golden] for golden in new)
 
 
+def test_update_does_not_write_hints_that_fail_verify(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention_head",))
+    golden = tmp_path / "golden" / "attention_head.json"
+    drift(golden)
+    before = golden.read_bytes()
+    # This head's K has the sequence on axis 2: with k-idx 0 the hints gen writes fail verify.
+    manifest.write_text(manifest.read_text() + "gen = { k-idx = 0 }\nverify = true\n")
+
+    result = run_cli("check", "--manifest", manifest, "--update", "--verify")
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == (
+        # reduce_op (the drift) and k_seq_len_idx (the option)
+        "DIFFERS  attention_head (2 differences; not written: the hints fail verify; verify failed)"
+    )
+    assert golden.read_bytes() == before
+    document = json.loads(
+        run_cli("check", "--manifest", manifest, "--update", "--verify", "--format", "json").stdout
+    )
+    assert document["models"][0]["held_back"] is True
+    assert golden.read_bytes() == before
+
+
 def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> None:
     verify_module = importlib.import_module("shardcheck.verify")
     manifest = make_project(tmp_path, ("attention_head",))

@@ -266,6 +266,7 @@ def test_json_report(tmp_path: Path) -> None:
             }
         ],
         "warnings": [],
+        "held_back": False,
         "verify": None,
     }
     assert document["models"][0]["status"] == OK
