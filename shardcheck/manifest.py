@@ -81,6 +81,10 @@ def find_manifest(directory: str | os.PathLike[str] = ".") -> Path:
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate the manifest in the TOML file ``path``."""
     file = Path(path)
+    if os.fspath(path) == "-" and not file.exists():
+        raise InputError(
+            "-: reading the manifest from standard input is not supported; give its path"
+        )
     if not file.is_file():
         problem = "is a directory, expected a TOML file" if file.is_dir() else "no such file"
         raise InputError(f"{file}: {problem}")
