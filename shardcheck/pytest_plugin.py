@@ -304,6 +304,8 @@ class ShardHintsRegression:
             pytest.fail(error, pytrace=False)
         lines = [f"    {difference.line()}" for difference in comparison.differences]
         shown = self._shown(golden)
+        if comparison.status in (CREATED, UPDATED):
+            settings.written.append(f"{comparison.status} {shown}")
         if comparison.status == CREATED:
             pytest.fail(f"created: {shown} (rerun the test to compare against it)", pytrace=False)
         if comparison.status == UPDATED:

@@ -279,6 +279,14 @@ def test_regression_fixture_creates_then_passes(pytester: pytest.Pytester) -> No
             "created: test_models/fused_head.json (rerun the test to compare against it)",
         ]
     )
+    # The terminal summary lists each golden written, the fixture's too.
+    first.stdout.fnmatch_lines(
+        [
+            "*= shardcheck =*",
+            "created test_models/test_head.json",
+            "created test_models/fused_head.json",
+        ]
+    )
     assert read_hints(goldens / "test_head.json") == generated_hints("attention_head")
     fused = json.loads((goldens / "fused_head.json").read_text())
     assert fused["dist_collectives"]["groups"] == [0, 1]
