@@ -78,6 +78,7 @@ def check_static(
     _check_kv(hints, [by_q[h.q] for h in hints.attention_layers if h.q in by_q], report)
     _check_layers(hints, shapes, by_q, report)
     _check_collectives(hints, report)
+    _check_scattered_and_gathered(hints, report)
 
 
 def _check_tensor(
@@ -248,4 +249,18 @@ def _check_collectives(hints: ShardHints, report: Report) -> None:
         )
 
 
-# --------------------------------------------------------------------------- runtime checks
+def _check_scattered_and_gathered(hints: ShardHints, report: Report) -> None:
+    outputs = {t.name for t in hints.outputs}
+    for tensor in hints.inputs:
+        if tensor.name in outputs:
+            report.add(
+                "SC122",
+                ERROR,
+                f"inputs[name={tensor.name}]",
+                f"{tensor.name!r} is in inputs (scattered) and in outputs (gathered): the shard "
+                "would gather it right after scattering it, and what reads it would get the "
+                "whole sequence on every rank; keep it in one of them",
+                tensor=tensor.name,
+                expected="one of inputs, outputs",
+                observed="both",
+            )

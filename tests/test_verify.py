@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,11 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         ),
         "SC117",
         "inputs[name=/model/embeddings/Shape_output_0].seq_len_idx",
+    ),
+    "a tensor both scattered and gathered": (
+        lambda h: h["outputs"].append(dict(WORD(h))),
+        "SC122",
+        "inputs[name=/model/embeddings/word_embeddings/Gather_output_0]",
     ),
     "root outside the group": (
         lambda h: h["dist_collectives"].update(group_size=2, root=2),
@@ -543,3 +549,11 @@ def test_an_error_leaves_no_session_being_made_behind_it(
     with pytest.raises(InputError, match="no_such_tensor"):
         simulate(FIXTURES / "attention.onnx", wrong, ranks=2, seq_len=8)
     assert not _alive("shardcheck-single-device")
+
+
+def test_the_readme_lists_every_finding_code_once() -> None:
+    from shardcheck.report import CODES
+
+    readme = (REAL.parents[1] / "README.md").read_text()
+    listed = re.findall(r"\| (SC\d{3}) \|", readme)
+    assert sorted(listed) == sorted(CODES)
