@@ -130,6 +130,14 @@ def simulate(
     _check_ranks(ranks)
     _check_run_settings(ranks, seq_len, rtol, atol)
     simulation = Simulation(model_path, hints, ranks=ranks)
+    try:
+        # The user's --dim only: verify hands its runs' dims, the sequence's too, to run().
+        refuse_pinned_sequence(
+            simulation.index, simulation.hints, seq_len, dims or {}, simulation.shapes
+        )
+    except InputError:
+        simulation.settle()
+        raise
     return simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
 
 
@@ -229,6 +237,12 @@ class Simulation:
         parsed.check()
         return index
 
+    def settle(self) -> None:
+        """Wait for the onnxruntime work started in the background (none is left behind)."""
+        self.simulator.stop_making_ahead()
+        if self._single_device_making is not None:
+            self._single_device_making.wait()
+
     def run(
         self,
         seq_len: int,
@@ -259,7 +273,6 @@ class Simulation:
     ) -> SimulationResult:
         _check_run_settings(self.ranks, seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
-        refuse_pinned_sequence(index, self.hints, seq_len, dims or {}, self.shapes)
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
         check_memory(index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes)
         feeds = make_feeds(index, resolved, seed)

@@ -557,3 +557,16 @@ def test_the_readme_lists_every_finding_code_once() -> None:
     readme = (REAL.parents[1] / "README.md").read_text()
     listed = re.findall(r"\| (SC\d{3}) \|", readme)
     assert sorted(listed) == sorted(CODES)
+
+
+def test_hints_that_scatter_the_batch_axis_are_findings_under_ranks_not_a_dim_error(
+    tmp_path: Path,
+) -> None:
+    # The hints say the sequence is the input's axis 0, named batch. verify's runs set batch
+    # to 1 (the model's sequence is sequence_len): the simulation of those runs must report,
+    # not take verify's own dims for a --dim that pins the hints' sequence dim.
+    hints = read_hints(FIXTURES.parent / "golden" / "attention_head.json")
+    hints = hints.with_changes(inputs=(ShardTensor("input", 0, 3),))
+    report = verify(FIXTURES / "attention_head.onnx", hints, ranks=2)
+    codes = {f.code for f in report.errors}
+    assert "SC101" in codes and "SC201" in codes, report.render_text()
