@@ -423,8 +423,8 @@ class RankSimulator:
                 raise RankFailure(
                     0,
                     step.node.name,
-                    f"the reduce-scatter axis ({axis}) has length {reduced.shape[0]}, which does "
-                    f"not divide by {self.ranks} ranks",
+                    f"the reduce-scatter axis ({axis}) has length {reduced.shape[0]}, which is "
+                    f"not a multiple of the {self.ranks} ranks",
                 )
             for rank, chunk in enumerate(np.split(reduced, self.ranks, axis=0)):
                 values.set_rank(rank, {target: chunk})

@@ -38,6 +38,7 @@ from shardcheck.feeds import (
     refuse_pinned_sequence,
     resolve_dims,
     run_model,
+    sequence_dims,
 )
 from shardcheck.graph import SHAPE_OPS, GraphIndex
 from shardcheck.hints import ShardHints
@@ -82,13 +83,21 @@ class SimulationResult:
     session_runs: int  # onnxruntime runs, the single-device ones included
     max_abs_error: float = 0.0  # over the outputs that were compared
     mismatch: Mismatch | None = field(default=None)
+    # No input dim takes the sequence length (the inputs fix it: image patches): seq_len
+    # changed nothing.
+    length_fixed: bool = False
 
     def summary(self) -> str:
         dims = ", ".join(f"{name}={value}" for name, value in self.dims.items()) or "none"
+        fixed = (
+            f"; the inputs fix the sequence length, so seq_len {self.seq_len} had no effect"
+            if self.length_fixed
+            else ""
+        )
         setting = (
             f"{counted(self.ranks, 'simulated rank')}, {counted(self.stages, 'stage')}, "
             f"dims {dims}, "
-            f"rtol {self.rtol:g}, atol {self.atol:g}"
+            f"rtol {self.rtol:g}, atol {self.atol:g}{fixed}"
         )
         if self.mismatch is None:
             return (
@@ -306,6 +315,7 @@ class Simulation:
             session_runs=simulator.session_runs - runs_before + single_device_runs,
             max_abs_error=worst,
             mismatch=first,
+            length_fixed=not sequence_dims(index, self.hints, dims or {}, self.shapes),
         )
 
     def _run_single_device(

@@ -257,7 +257,7 @@ def test_a_scatter_that_does_not_divide_fails_on_it() -> None:
     )
     result = simulate(FIXTURES / "attention_head.onnx", hints, ranks=3, seq_len=6)
     assert_culprit(result, "input/reduce_scatter", "input/reduce_scatter/on_axis0")
-    assert "the reduce-scatter axis (2) has length 16, which does not divide by 3 ranks" in (
+    assert "the reduce-scatter axis (2) has length 16, which is not a multiple of the 3 ranks" in (
         result.summary()
     )
 
@@ -741,3 +741,14 @@ def test_the_summary_counts_ranks_and_stages_in_words(ranks: int, says: str) -> 
     result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=ranks, seq_len=8)
     assert_match(result)
     assert f"; {says}, dims " in result.summary()
+
+
+def test_a_length_the_inputs_fix_is_said_to_make_seq_len_ineffective() -> None:
+    # ViT's sequence is its 17 patches: no input dim takes --seq-len.
+    model, hints = REAL / "ts_vit_tiny.onnx", GOLDEN / "real" / "ts_vit_tiny.json"
+    result = simulate(model, read_hints(hints), ranks=1, seq_len=8)
+    assert_match(result)
+    assert result.summary().endswith(
+        "; the inputs fix the sequence length, so seq_len 8 had no effect."
+    )
+    assert not simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=1, seq_len=8).length_fixed
