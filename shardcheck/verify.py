@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +247,6 @@ def _simulate(
     for length in seq_lens:
         if progress is not None:
             progress(f"simulating CP on {ranks} ranks at sequence length {length}...")
-        started = time.perf_counter()
         ran = runtime.graph_outputs.get(length)
         result = simulation.run(
             length,
@@ -264,7 +262,6 @@ def _simulate(
                 "ranks": ranks,
                 "seq_len": length,
                 "ok": result.ok,
-                "seconds": time.perf_counter() - started,
             }
         )
         if result.ok:

@@ -311,11 +311,10 @@ def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Pat
         seq_lens=(4, 8),
         hints_source="the hints gen writes",
     )
-    # Same settings, same verdict and findings (the report's timings differ from run to run).
+    # Same settings, same report.
     assert verified.verify.ok == direct.ok
     assert verified.verify.text == direct.render_text()
-    assert verified.verify.report is not None
-    assert verified.verify.report["findings"] == direct.to_json()["findings"]
+    assert verified.verify.report == direct.to_json()
     again = run_verify(manifest.models[0], hints)
     assert (again.ok, again.text) == (verified.verify.ok, verified.verify.text)
     assert result.to_json()["models"][0]["verify"]["ok"] == direct.ok

@@ -570,3 +570,18 @@ def test_hints_that_scatter_the_batch_axis_are_findings_under_ranks_not_a_dim_er
     report = verify(FIXTURES / "attention_head.onnx", hints, ranks=2)
     codes = {f.code for f in report.errors}
     assert "SC101" in codes and "SC201" in codes, report.render_text()
+
+
+def test_the_json_report_is_the_same_from_run_to_run(tmp_path: Path) -> None:
+    # People diff it (CI uploads it): no timings in it.
+    model, hints = REAL / "ts_sdpa.onnx", GOLDEN / "real" / "ts_sdpa.json"
+    first = run_cli("verify", model, hints, "--ranks", "2", "--format", "json")
+    second = run_cli("verify", model, hints, "--ranks", "2", "--format", "json")
+    assert first.exit_code == 0, first.stdout
+    assert first.stdout == second.stdout
+    assert [sorted(run) for run in json.loads(first.stdout)["runs"]] == [
+        ["dims", "ok", "seq_len"],
+        ["dims", "ok", "seq_len"],
+        ["ok", "ranks", "seq_len", "simulation"],
+        ["ok", "ranks", "seq_len", "simulation"],
+    ]
