@@ -360,6 +360,17 @@ def is_flat_format(document: Mapping[str, Any]) -> bool:
     return "dist_collectives" not in document and any(k in document for k in FLAT_COLLECTIVE_KEYS)
 
 
+def validated(hints: ShardHints, source: str = "<hints>") -> ShardHints:
+    """``hints`` as the reader of a file of them would take them: what it refuses (a negative
+    axis, a duplicate tensor, a value of the wrong type) is a HintsFormatError naming
+    ``source`` and the field. For hints made in Python, which no reader has seen."""
+    try:
+        document = encode(hints)
+    except (AttributeError, TypeError) as exc:
+        raise HintsFormatError(source, "", f"not shard hints ({exc})") from None
+    return decode(document, source)
+
+
 def decode(document: Any, source: str = "<hints>") -> ShardHints:
     """Validate a decoded JSON document and build ShardHints; HintsFormatError names the path."""
     r = _Reader(source)

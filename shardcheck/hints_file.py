@@ -7,7 +7,7 @@ from pathlib import Path
 
 from shardcheck.errors import HintsFormatError, InputError
 from shardcheck.fsio import write_text_or_stdout
-from shardcheck.hints import ShardHints, dumps, loads
+from shardcheck.hints import ShardHints, dumps, loads, validated
 
 # A hints file lists a few hundred tensors at most; anything far bigger is not a hints file.
 MAX_HINTS_BYTES = 64 * 1024 * 1024
@@ -46,7 +46,9 @@ def read_hints(path: str | os.PathLike[str]) -> ShardHints:
 
 
 def write_hints(path: str, hints: ShardHints) -> None:
-    write_text_or_stdout(path, dumps(hints))
+    """Write ``hints`` (to standard output for ``-``); hints that the reader would refuse
+    (made in Python) are refused before anything is written."""
+    write_text_or_stdout(path, dumps(validated(hints)))
 
 
 __all__ = ["HintsFormatError", "read_hints", "read_text_input", "write_hints"]

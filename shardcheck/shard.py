@@ -33,7 +33,7 @@ from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import HintsMismatchError, InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, output_target
 from shardcheck.graph import GraphIndex, external_locations
-from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints
+from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, validated
 from shardcheck.loader import weights_dir
 from shardcheck.shapes import ShapeInference
 
@@ -248,6 +248,7 @@ def shard_model(
     ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
     (default: ``shardcheck.detect``); ``shapes``: the model's, when already inferred.
     """
+    hints = validated(hints, hints_source)
     if hints.parallelism != "CP":
         raise InputError(
             f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "

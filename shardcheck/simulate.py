@@ -41,7 +41,7 @@ from shardcheck.feeds import (
     sequence_dims,
 )
 from shardcheck.graph import SHAPE_OPS, GraphIndex
-from shardcheck.hints import ShardHints
+from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
@@ -217,7 +217,9 @@ class Simulation:
             check_weight_files(index, model_path)
         self.index = index
         self.weights_dir = weights_dir(model_path)
-        if not isinstance(hints, ShardHints):
+        if isinstance(hints, ShardHints):
+            hints = validated(hints, hints_source)
+        else:
             hints_source, hints = str(hints), read_hints(hints)
         self.hints = hints
         self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)

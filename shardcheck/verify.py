@@ -27,7 +27,7 @@ from shardcheck.feeds import (
     resolve_dims,
 )
 from shardcheck.graph import GraphIndex
-from shardcheck.hints import ShardHints
+from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import index_parsed, parse_model
 from shardcheck.report import ERROR, INFO, Report
@@ -90,7 +90,10 @@ def verify(
             )
     parsed = parse_model(model_path, keep_bytes=True)
     hints_source = hints_source if isinstance(hints, ShardHints) else str(hints)
-    hints = hints if isinstance(hints, ShardHints) else read_hints(hints)
+    if isinstance(hints, ShardHints):
+        hints = validated(hints, hints_source)
+    else:
+        hints = read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
     index = index_parsed(parsed)
     # onnxruntime loads the model while the checker and the analysis run (the session is only

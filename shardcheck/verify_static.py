@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardcheck.detect import AttentionLayer
 from shardcheck.graph import GraphIndex
-from shardcheck.hints import REDUCE_OPS, ShardHints, ShardTensor
+from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.report import ERROR, WARNING, Report
 from shardcheck.shapes import ShapeInference
 from shardcheck.wording import counted, listed
@@ -217,15 +217,6 @@ def _check_layers(
 
 def _check_collectives(hints: ShardHints, report: Report) -> None:
     dist = hints.dist_collectives
-    if dist.reduce_op not in REDUCE_OPS:
-        report.add(
-            "SC113",
-            ERROR,
-            "dist_collectives.reduce_op",
-            f"reduce_op {dist.reduce_op!r} is not one of {', '.join(REDUCE_OPS)}",
-            expected=", ".join(REDUCE_OPS),
-            observed=dist.reduce_op,
-        )
     if dist.root != -1 and dist.group_size and dist.root >= dist.group_size:
         report.add(
             "SC113",

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +17,9 @@ from shardcheck.hints import (
     dumps,
     encode,
     loads,
+    validated,
 )
+from shardcheck.hints_file import write_hints
 
 FULL = ShardHints(
     parallelism="CP",
@@ -194,3 +198,29 @@ def test_invalid_json_and_wrong_top_level() -> None:
     # Python's json (Polygraphy's reader) refuses it too; say what to do about it.
     with pytest.raises(HintsFormatError, match=r"^h.json: starts with a byte-order mark \(BOM\)"):
         loads("\ufeff" + dumps(ShardHints()), "h.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"kv_rank": 0}, "kv_rank: expected an integer between 1 and 64, got 0"),
+        (
+            {"inputs": (ShardTensor("x", -1, 3),)},
+            "inputs[0].seq_len_idx: expected an integer between 0 and 63, got -1",
+        ),
+        ({"inputs": (ShardTensor("x", True),)}, "inputs[0].seq_len_idx: expected an integer"),
+        ({"inputs": (ShardTensor("x", 1.0),)}, "inputs[0].seq_len_idx: expected an integer"),
+        ({"inputs": None}, "not shard hints ('NoneType' object is not iterable)"),
+    ],
+)
+def test_hints_made_in_python_are_refused_where_a_file_of_them_would_be(
+    tmp_path: Path, change: dict[str, Any], problem: str
+) -> None:
+    made = ShardHints().with_changes(**change)
+    with pytest.raises(HintsFormatError) as error:
+        validated(made, "made")
+    assert error.value.message.startswith(f"made: {problem}")
+    # Nothing is written that the reader would refuse.
+    with pytest.raises(HintsFormatError):
+        write_hints(str(tmp_path / "h.json"), made)
+    assert list(tmp_path.iterdir()) == []

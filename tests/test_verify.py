@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from conftest import ANCHORS, FIXTURES, GOLDEN, read_json, run_cli
 from onnx import TensorProto, helper
 
 from shardcheck import GraphIndex, verify
-from shardcheck.errors import InputError
+from shardcheck.errors import HintsFormatError, InputError
 from shardcheck.hints import DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
 
@@ -237,6 +236,19 @@ def test_a_hinted_q_that_is_no_layer_s_q_says_whether_the_tensor_exists(
     assert "SC109" in [f.code for f in report.errors]
 
 
+def test_hints_made_in_python_are_refused_as_the_reader_refuses_a_file() -> None:
+    # The reader refuses an unknown reduce_op in a file; verify refuses it from Python too.
+    made = read_hints(GOLDEN / "real" / "ts_bert_tiny.json").with_changes(
+        dist_collectives=DistCollective(reduce_op="mean")
+    )
+    with pytest.raises(HintsFormatError) as error:
+        verify(BERT, made, hints_source="made.json")
+    assert error.value.message == (
+        "made.json: dist_collectives.reduce_op: expected one of 'sum', 'prod', 'min', 'max', "
+        "'avg', got \"mean\""
+    )
+
+
 def test_hints_the_simulation_cannot_shard_with_are_a_finding_naming_the_file(
     bert_hints: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -264,14 +276,8 @@ def test_messages_of_the_static_checks_name_the_values(
     hints["v_seq_len_idx"] = 3  # V is [batch, heads, seq, head_dim]
     path = tmp_path / "h.json"
     path.write_text(json.dumps(hints))
-    read = read_hints(path)
-    # An unknown reduce_op is refused when a file is read; hints made in Python reach verify.
-    made = dataclasses.replace(
-        read, dist_collectives=DistCollective(reduce_op="mean", root=-1, group_size=0)
-    )
-    messages = {f.code: f.message for f in verify(BERT, made).errors}
+    messages = {f.code: f.message for f in verify(BERT, path).errors}
     assert messages["SC107"] == "kv_rank is 3, but the gathered K and V have rank 4"
-    assert messages["SC113"] == "reduce_op 'mean' is not one of sum, prod, min, max, avg"
     assert messages["SC106"] == (
         "v_seq_len_idx is 3, but the gathered tensor of layer "
         "/model/encoder/layer.0/attention/self/MatMul has the sequence on axis 2; 2 layers "
