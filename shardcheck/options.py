@@ -62,6 +62,15 @@ class GenOptions:
     io: str = "frontier"
 
     def __post_init__(self) -> None:
+        # Made in Python as from a manifest: lists taken as tuples, every value's type checked.
+        for name, kind in _option_kinds().items():
+            value = getattr(self, name)
+            if isinstance(value, list):
+                value = tuple(value)
+                object.__setattr__(self, name, value)
+            problem = _type_problem(kind, value)
+            if problem:
+                raise InputError(f"{name}: expected {problem}, got {_shown(value)}")
         _choice("parallelism", self.parallelism, PARALLELISMS)
         _choice("cp_type", self.cp_type, CP_TYPES)
         _choice("reduce_op", self.reduce_op, REDUCE_OPS)

@@ -302,3 +302,27 @@ def test_gen_options_from_mapping_rejects_wrong_values(
     with pytest.raises(InputError) as error:
         GenOptions.from_mapping(values, source="m.toml: tool.shardcheck.models[3].gen")
     assert error.value.message == f"m.toml: tool.shardcheck.models[3].gen: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"root": 1.5}, "root: expected an integer, got 1.5"),
+        ({"k_idx": 2.0}, "k_idx: expected an integer, got 2.0"),
+        ({"no_suggest_io": "false"}, 'no_suggest_io: expected true or false, got "false"'),
+        ({"groups": None}, "groups: expected a list of non-negative integers, got null"),
+    ],
+)
+def test_gen_options_made_in_python_have_their_types_checked(
+    values: dict[str, object], problem: str
+) -> None:
+    # gen would otherwise write hints its own reader refuses ("false" counted as true).
+    with pytest.raises(InputError) as error:
+        GenOptions(**values)  # type: ignore[arg-type]
+    assert error.value.message == problem
+
+
+def test_gen_options_made_in_python_take_lists_as_from_a_manifest() -> None:
+    options = GenOptions(groups=[0, 1], q_shuffle=[0, 2, 1])  # type: ignore[arg-type]
+    assert (options.groups, options.q_shuffle) == ((0, 1), (0, 2, 1))
+    assert options == GenOptions.from_mapping({"groups": [0, 1], "q-shuffle": [0, 2, 1]})
