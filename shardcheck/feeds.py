@@ -58,16 +58,7 @@ def resolve_dims(
 ) -> dict[str, int]:
     """A value for every symbolic dim of the graph inputs (rules in the module docstring);
     ``shapes``: the model's, when already inferred."""
-    names = graph_input_dims(index)
-    for name, value in user_dims.items():
-        if name not in names:
-            known = ", ".join(names) or "none"
-            raise InputError(
-                f"{index.source}: --dim {name}={value}: the model's inputs have no dim "
-                f"{name!r} (their symbolic dims: {known})"
-            )
-        if value < 1:
-            raise InputError(f"--dim {name}={value}: a dim must be a positive integer")
+    names = check_user_dims(index, user_dims)
     sequence = set(sequence_dims(index, hints, user_dims, shapes))
     dims: dict[str, int] = {}
     for name in names:
@@ -78,6 +69,22 @@ def resolve_dims(
         else:
             dims[name] = BATCH_DIM_DEFAULT if BATCH_LIKE.search(name) else OTHER_DIM_DEFAULT
     return dims
+
+
+def check_user_dims(index: GraphIndex, user_dims: Mapping[str, int]) -> list[str]:
+    """Refuse (InputError) a ``--dim`` the graph inputs do not have, or below 1; the names of
+    the inputs' symbolic dims."""
+    names = graph_input_dims(index)
+    for name, value in user_dims.items():
+        if name not in names:
+            known = ", ".join(names) or "none"
+            raise InputError(
+                f"{index.source}: --dim {name}={value}: the model's inputs have no dim "
+                f"{name!r} (their symbolic dims: {known})"
+            )
+        if value < 1:  # empty runs, or feeds numpy refuses
+            raise InputError(f"--dim {name}={value}: a dim must be a positive integer")
+    return names
 
 
 def refuse_pinned_sequence(

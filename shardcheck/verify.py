@@ -23,7 +23,7 @@ from shardcheck.feeds import (
     BATCH_DIM_DEFAULT,
     BATCH_LIKE,
     OTHER_DIM_DEFAULT,
-    graph_input_dims,
+    check_user_dims,
     resolve_dims,
 )
 from shardcheck.graph import GraphIndex
@@ -184,7 +184,7 @@ def _dim_chooser(
     """The dims of each run. The sequence dim is the one the attention's query axis carries,
     found from the model, not from the hints under test (wrong hints would otherwise pick the
     dim that is varied, and a wrong axis could pass). Without attention, the hints decide."""
-    names = graph_input_dims(index)
+    names = check_user_dims(index, user_dims)
     sequence = None
     for layer in layers:
         q_shape = shapes.shape(layer.q)
@@ -206,12 +206,6 @@ def _dim_chooser(
         )
     if sequence is None:
         return lambda length: resolve_dims(index, hints, length, user_dims)
-    unknown = sorted(set(user_dims) - set(names))
-    if unknown:
-        raise InputError(
-            f"{index.source}: --dim {unknown[0]}: the model's inputs have no such dim "
-            f"(their symbolic dims: {', '.join(names) or 'none'})"
-        )
 
     def choose(length: int) -> dict[str, int]:
         return {

@@ -601,7 +601,7 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["verify", "MODEL", "HINTS", "--seq-lens", "a,b"], "--seq-lens"),
     (["verify", "MODEL", "HINTS", "--seq-lens", f"8,{HUGE}"], f"sequence length {HUGE}"),
     (["verify", "MODEL", "HINTS", "--dim", f"batch={HUGE}"], f"batch={HUGE}"),
-    (["verify", "MODEL", "HINTS", "--dim", "nosuch=3"], "nosuch"),
+    (["verify", "MODEL", "HINTS", "--dim", "nosuch=3"], "the model's inputs have no dim 'nosuch'"),
     (["verify", "MODEL", "HINTS", "--dim", "batch"], "--dim"),
     # The sequence dim pinned: every run would be the same.
     (

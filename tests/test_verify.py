@@ -591,3 +591,13 @@ def test_the_json_report_is_the_same_from_run_to_run(tmp_path: Path) -> None:
         ["ok", "ranks", "seq_len", "simulation"],
         ["ok", "ranks", "seq_len", "simulation"],
     ]
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_dim_below_1_is_refused_without_ranks_too(value: int) -> None:
+    # It was checked only where the simulation resolves dims: without --ranks, 0 ran empty
+    # tensors and passed, -1 failed inside numpy.
+    model, hints = REAL / "ts_sdpa.onnx", GOLDEN / "real" / "ts_sdpa.json"
+    with pytest.raises(InputError) as error:
+        verify(model, hints, dims={"batch": value})
+    assert error.value.message == f"--dim batch={value}: a dim must be a positive integer"
