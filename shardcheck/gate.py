@@ -91,7 +91,7 @@ class ModelResult:
             return [f"{word}{name}: {self.error}"]
         notes = [
             *_golden_notes(self.entry, self.golden, None if self.held_back else update_flag),
-            *(["not written: the hints fail verify"] if self.held_back else []),
+            *([f"not written: {self._held_back_why()}"] if self.held_back else []),
             *self._verify_notes(),
         ]
         headline = f"{word}{name}" + (f" ({'; '.join(notes)})" if notes else "")
@@ -102,6 +102,10 @@ class ModelResult:
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
             details.extend(self.verify.text.splitlines())
         return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]
+
+    def _held_back_why(self) -> str:
+        failed = self.verify is not None and self.verify.error is None
+        return "the hints fail verify" if failed else "verify could not run"
 
     def _verify_notes(self) -> list[str]:
         if self.verify is None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from shardcheck.errors import InputError
 from shardcheck.options import GenOptions
+from shardcheck.wording import listed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -168,7 +169,7 @@ def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
     verify = raw.get("verify", False)
     if not isinstance(verify, bool):
         raise _error(source, f"{where}.verify", f"expected true or false, got {_shown(verify)}")
-    return ModelEntry(
+    entry = ModelEntry(
         name=name,
         position=position,
         path_text=path_text,
@@ -180,6 +181,8 @@ def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
         ranks=_ranks(raw, source, where),
         seq_lens=_seq_lens(raw, source, where),
     )
+    _check_ranks_divide(entry, source, where)
+    return entry
 
 
 def _name(raw: Mapping[str, Any], path_text: str, source: Path, where: str) -> str:
@@ -218,15 +221,29 @@ def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ..
         return None
     if (
         not isinstance(seq_lens, list)
-        or not seq_lens
+        or len(set(seq_lens)) < 2
         or not all(_is_int(n) and n >= 1 for n in seq_lens)
     ):
+        # verify tells the sequence axis by the lengths it changes with: two at least.
         raise _error(
             source,
             f"{where}.seq-lens",
-            f"expected a list of one or more integers >= 1, got {_shown(seq_lens)}",
+            f"expected a list of two or more different integers >= 1, got {_shown(seq_lens)}",
         )
     return tuple(seq_lens)
+
+
+def _check_ranks_divide(entry: ModelEntry, source: Path, where: str) -> None:
+    if entry.ranks is None or entry.seq_lens is None:
+        return
+    bad = [str(n) for n in entry.seq_lens if n % entry.ranks]
+    if bad:
+        raise _error(
+            source,
+            f"{where}.seq-lens",
+            f"{listed(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple of ranks "
+            f"({entry.ranks}): each rank gets an equal part of the sequence",
+        )
 
 
 def _check_unique(models: tuple[ModelEntry, ...], source: Path) -> None:

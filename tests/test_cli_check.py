@@ -437,6 +437,23 @@ def test_update_does_not_write_hints_that_fail_verify(tmp_path: Path) -> None:
     assert golden.read_bytes() == before
 
 
+def test_update_does_not_write_a_golden_verify_could_not_check(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path, ("attention_head",))
+    golden = tmp_path / "golden" / "attention_head.json"
+    golden.unlink()
+    # verify's default lengths, 8 and 16, are not multiples of 3 ranks: it cannot run.
+    manifest.write_text(manifest.read_text() + "verify = true\nranks = 3\n")
+
+    result = run_cli("check", "--manifest", manifest, "--update", "--verify")
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0].startswith(
+        "ERROR    attention_head (no golden: golden/attention_head.json; not written: verify "
+        "could not run; verify: --ranks 3: every sequence length must be a multiple"
+    )
+    assert not golden.exists()
+
+
 def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> None:
     verify_module = importlib.import_module("shardcheck.verify")
     manifest = make_project(tmp_path, ("attention_head",))

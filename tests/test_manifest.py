@@ -177,12 +177,24 @@ INVALID = {
     ),
     "seq-lens empty": (
         model(path='"a.onnx"', golden='"a.json"', **{"seq-lens": "[]"}),
-        "tool.shardcheck.models[0].seq-lens: expected a list of one or more integers >= 1, got []",
+        "tool.shardcheck.models[0].seq-lens: expected a list of two or more different integers "
+        ">= 1, got []",
     ),
     "seq-lens with a string": (
         model(path='"a.onnx"', golden='"a.json"', **{"seq-lens": '[8, "16"]'}),
-        "tool.shardcheck.models[0].seq-lens: expected a list of one or more integers >= 1, "
-        'got [8, "16"]',
+        "tool.shardcheck.models[0].seq-lens: expected a list of two or more different integers "
+        '>= 1, got [8, "16"]',
+    ),
+    # verify needs two lengths to see which axis changes with them.
+    "seq-lens one length twice": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-lens": "[8, 8]"}),
+        "tool.shardcheck.models[0].seq-lens: expected a list of two or more different integers "
+        ">= 1, got [8, 8]",
+    ),
+    "seq-lens not multiples of ranks": (
+        model(path='"a.onnx"', golden='"a.json"', ranks="3", **{"seq-lens": "[6, 8, 10]"}),
+        "tool.shardcheck.models[0].seq-lens: 8 and 10 are not a multiple of ranks (3): each "
+        "rank gets an equal part of the sequence",
     ),
     "name with a space": (
         model(name='"my model"', path='"a.onnx"', golden='"a.json"'),
