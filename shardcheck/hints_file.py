@@ -16,6 +16,8 @@ MAX_HINTS_BYTES = 64 * 1024 * 1024
 def read_text_input(path: str | os.PathLike[str], what: str) -> str:
     """The text of an input file, or an InputError that names it."""
     file = Path(path)
+    if not os.fspath(path):  # Path("") is the current directory
+        raise InputError(f"'': the path of {what} is empty")
     if os.fspath(path) == "-" and not file.exists():
         raise InputError(f"-: reading {what} from standard input is not supported; give its path")
     if not file.exists():

@@ -214,6 +214,8 @@ def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> Pa
     """
     file = Path(path)
     source = str(path)
+    if not source:  # Path("") is the current directory
+        raise ModelError("'': the model path is empty")
     if not file.exists():
         raise ModelError(f"{source}: no such file")
     if file.is_dir():

@@ -635,6 +635,8 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["shard", "MODEL", "UNFIT", "-o", "OUT"], "'nope' is not in the model"),
     (["shard", "MODEL", "HINTS", "-o", "-"], "-o -: shard writes an ONNX model file"),
     (["diff", "HINTS"], "CANDIDATE"),
+    (["gen", "", "-o", "-"], "'': the model path is empty"),
+    (["diff", "", "HINTS"], "'': the path of a JSON hints file is empty"),
     (["diff", "-", "HINTS"], "-: reading a JSON hints file from standard input is not supported"),
     (["check", "--manifest", "-"], "-: reading the manifest from standard input is not"),
     (["check", "--manifest", "NOWHERE"], "no such file"),
