@@ -14,7 +14,7 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
-from shardcheck.hints import FusedAttention, ShardHints
+from shardcheck.hints import FusedAttention, ShardHints, validated
 
 KINDS = ("added", "removed", "changed")
 _KEYED_COLLECTIONS = {"inputs": "name", "outputs": "name", "attention_layers": "q"}
@@ -112,8 +112,14 @@ def _lookup(document: dict[str, Any], parts: Sequence[Any]) -> Any:
 def diff_hints(
     golden: ShardHints, candidate: ShardHints, ignore: Iterable[str] = ()
 ) -> list[Difference]:
-    """The differences from ``golden`` to ``candidate``: added, then removed, then changed."""
-    old, new = canonical(golden), canonical(candidate)
+    """The differences from ``golden`` to ``candidate``: added, then removed, then changed.
+
+    Both must be hints a reader takes (hints made in Python are checked: a tensor given twice
+    would hide one entry); ``ignore``: path patterns, a string being one pattern."""
+    old = canonical(validated(golden, "golden"))
+    new = canonical(validated(candidate, "candidate"))
+    if isinstance(ignore, str):
+        ignore = (ignore,)
     # threshold_to_diff_deeper=0: a renamed only entry is "removed + added", never "changed".
     tree = DeepDiff(old, new, verbose_level=2, threshold_to_diff_deeper=0).tree
     found: dict[tuple[str, str], Difference] = {}

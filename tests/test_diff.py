@@ -7,9 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import GOLDEN, run_cli
 
+from shardcheck.diff import diff_hints
+from shardcheck.errors import HintsFormatError
 from shardcheck.hints import AttentionLayerHint, ShardHints, ShardTensor, dumps, encode
+from shardcheck.hints_file import read_hints
 
 # Two layers (q, q2), six inputs, two outputs: enough entries for order to matter.
 BASE = ShardHints(
@@ -271,3 +274,17 @@ def test_emptying_a_collection_names_each_removed_entry(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert len(result.stdout.splitlines()) == 6
     assert all(": removed (was " in line for line in result.stdout.splitlines())
+
+
+def test_hints_made_in_python_with_a_tensor_twice_are_refused_not_half_compared() -> None:
+    golden = read_hints(GOLDEN / "attention_head.json")
+    twice = golden.with_changes(inputs=(ShardTensor("input", 2, 3), *golden.inputs))
+    with pytest.raises(HintsFormatError, match=r"^candidate: inputs\[1\].name"):
+        diff_hints(golden, twice)
+
+
+def test_one_ignore_pattern_may_be_given_as_a_string() -> None:
+    golden = read_hints(GOLDEN / "attention_head.json")
+    changed = golden.with_changes(kv_rank=4)
+    assert [d.path for d in diff_hints(golden, changed)] == ["kv_rank"]
+    assert diff_hints(golden, changed, ignore="kv_rank") == []
