@@ -138,9 +138,8 @@ class RuntimeCheck:
         raise InputError(
             f"{self.index.source}: the model runs at sequence lengths "
             f"{listed([str(n) for n in (shorter, *ran_at)])} but not at {length}{node}: "
-            f"{length} is "
-            "past the longest it supports (the size of a position table, say); choose shorter "
-            f"--seq-lens. onnxruntime: {_short(message)}"
+            f"{length} is past the longest it supports (the size of a position table, say); "
+            f"choose shorter --seq-lens. onnxruntime: {_short(message)}"
         )
 
     def _found(self, code: str, field: str) -> bool:
@@ -526,8 +525,7 @@ def _run(
         if run_options.terminate:
             raise InputError(
                 f"{session.source}: onnxruntime did not finish within --timeout {timeout} s "
-                f"(sequence length "
-                f"{length}); give it more time or use shorter --seq-lens"
+                f"(sequence length {length}); give it more time or use shorter --seq-lens"
             ) from None
         return " ".join(str(exc).split())
     finally:
