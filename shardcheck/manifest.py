@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import InputError
-from shardcheck.options import GenOptions
+from shardcheck.options import DEFAULT_SEQ_LENS, GenOptions
 from shardcheck.wording import listed
 
 if sys.version_info >= (3, 11):
@@ -221,8 +221,8 @@ def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ..
         return None
     if (
         not isinstance(seq_lens, list)
-        or len(set(seq_lens)) < 2
         or not all(_is_int(n) and n >= 1 for n in seq_lens)
+        or len(set(seq_lens)) < 2
     ):
         # verify tells the sequence axis by the lengths it changes with: two at least.
         raise _error(
@@ -234,14 +234,18 @@ def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ..
 
 
 def _check_ranks_divide(entry: ModelEntry, source: Path, where: str) -> None:
-    if entry.ranks is None or entry.seq_lens is None:
+    if entry.ranks is None:
         return
-    bad = [str(n) for n in entry.seq_lens if n % entry.ranks]
+    seq_lens = entry.seq_lens or DEFAULT_SEQ_LENS
+    bad = [str(n) for n in seq_lens if n % entry.ranks]
     if bad:
+        key, given = (
+            ("seq-lens", "") if entry.seq_lens else ("ranks", " (verify's default lengths)")
+        )
         raise _error(
             source,
-            f"{where}.seq-lens",
-            f"{listed(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple of ranks "
+            f"{where}.{key}",
+            f"{listed(bad)}{given} {'is' if len(bad) == 1 else 'are'} not a multiple of ranks "
             f"({entry.ranks}): each rank gets an equal part of the sequence",
         )
 

@@ -1,4 +1,5 @@
-"""Options of ``shardcheck gen``: Polygraphy's shard-hints options, same names and defaults."""
+"""Options of ``shardcheck gen``: Polygraphy's shard-hints options, same names and defaults;
+and the sequence lengths verify runs at unless told (the manifest checks its ranks by them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from shardcheck.errors import InputError
 from shardcheck.hints import MAX_AXIS, PARALLELISMS, REDUCE_OPS
 
+DEFAULT_SEQ_LENS = (8, 16)
 CP_TYPES = ("native", "fused")
 COMPAT_MODES = ("none", "polygraphy")
 # frontier: the earliest/latest tensors that make CP exact; graph: graph inputs/outputs only.

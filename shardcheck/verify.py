@@ -30,6 +30,7 @@ from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import index_parsed, parse_model
+from shardcheck.options import DEFAULT_SEQ_LENS
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q
@@ -43,8 +44,6 @@ from shardcheck.verify_runtime import (
 )
 from shardcheck.verify_static import check_static
 from shardcheck.wording import counted, listed
-
-DEFAULT_SEQ_LENS = (8, 16)
 
 
 def verify(

@@ -441,16 +441,17 @@ def test_update_does_not_write_a_golden_verify_could_not_check(tmp_path: Path) -
     manifest = make_project(tmp_path, ("attention_head",))
     golden = tmp_path / "golden" / "attention_head.json"
     golden.unlink()
-    # verify's default lengths, 8 and 16, are not multiples of 3 ranks: it cannot run.
-    manifest.write_text(manifest.read_text() + "verify = true\nranks = 3\n")
+    # At a length of 10^9 the scores alone need exabytes: verify refuses to run.
+    manifest.write_text(manifest.read_text() + "verify = true\nseq-lens = [8, 1000000000]\n")
 
     result = run_cli("check", "--manifest", manifest, "--update", "--verify")
 
     assert result.exit_code == 1
     assert result.stdout.splitlines()[0].startswith(
         "ERROR    attention_head (no golden: golden/attention_head.json; not written: verify "
-        "could not run; verify: --ranks 3: every sequence length must be a multiple"
+        "could not run; verify: "
     )
+    assert "sequence length 1000000000" in result.stdout
     assert not golden.exists()
 
 

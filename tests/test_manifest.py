@@ -191,6 +191,16 @@ INVALID = {
         "tool.shardcheck.models[0].seq-lens: expected a list of two or more different integers "
         ">= 1, got [8, 8]",
     ),
+    "ranks not dividing verify's default lengths": (
+        model(path='"a.onnx"', golden='"a.json"', ranks="3"),
+        "tool.shardcheck.models[0].ranks: 8 and 16 (verify's default lengths) are not a "
+        "multiple of ranks (3): each rank gets an equal part of the sequence",
+    ),
+    "seq-lens a list in a list": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-lens": "[8, [16]]"}),
+        "tool.shardcheck.models[0].seq-lens: expected a list of two or more different integers "
+        ">= 1, got [8, [16]]",
+    ),
     "seq-lens not multiples of ranks": (
         model(path='"a.onnx"', golden='"a.json"', ranks="3", **{"seq-lens": "[6, 8, 10]"}),
         "tool.shardcheck.models[0].seq-lens: 8 and 10 are not a multiple of ranks (3): each "
