@@ -225,3 +225,13 @@ def test_usage_error_is_one_line_exit_2() -> None:
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert "Missing option '-o'" in result.stderr
+
+
+def test_a_model_path_with_a_comma_after_a_list_option_is_the_model(tmp_path: Path) -> None:
+    # "--groups 0 1 MODEL": a malformed list after the option is its value, a path is not.
+    (tmp_path / "d,1").mkdir()
+    model = tmp_path / "d,1" / "a,b.onnx"
+    model.write_bytes((FIXTURES / "attention_head.onnx").read_bytes())
+    result = run_cli("gen", "--groups", "0", "1", model, "-o", "-")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["dist_collectives"]["groups"] == [0, 1]

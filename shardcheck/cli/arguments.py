@@ -14,8 +14,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 LIST_OPTIONS = ("--groups", "--q-shuffle", "--k-shuffle", "--v-shuffle")
 _INT_LIST = re.compile(r"^\d+(,\d+)*$")
 # Not a list, but meant as one ("1,2,x", "-1", "1.5"): taken as the value, so that the option
-# says what is wrong with it instead of click calling it an extra argument or an option.
-_MEANT_AS_LIST = re.compile(r"^-\d|^\d+(\.\d*)?$|^[^-].*,")
+# says what is wrong with it instead of click calling it an extra argument or an option. A
+# path (a / or an extension: "d,1/m.onnx", "a,b.onnx") is an argument, commas or not.
+_MEANT_AS_LIST = re.compile(r"^(-\d[\w.,-]*|\d+\.\d*|\w*,[\w,-]*)$")
 
 
 def expand_list_options(args: Sequence[str]) -> list[str]:
