@@ -8,6 +8,7 @@ model was loaded and its hints generated.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,10 +267,23 @@ def find_stale_goldens(manifest: Manifest) -> tuple[Path, ...]:
             path
             for path in directory.rglob("*.json")
             if path.is_file()
-            and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+            and looks_like_a_golden(manifest, path)
             and path.resolve() not in claimed
         )
     )
+
+
+def looks_like_a_golden(manifest: Manifest, path: Path) -> bool:
+    """Whether the stale-golden check takes ``path`` for a golden: a ``.json`` file in
+    golden-dir, none of whose parts below it is hidden."""
+    directory = manifest.golden_dir
+    if directory is None or path.suffix != ".json":
+        return False
+    try:
+        parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(directory)).parts
+    except ValueError:
+        return False
+    return not any(part.startswith(".") for part in parts)
 
 
 def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:

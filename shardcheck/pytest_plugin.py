@@ -284,8 +284,11 @@ class ShardHintsRegression:
 
         golden = self.golden_path(basename)
         settings = _settings(self._request.config)
-        # Test names map to file names many to one ("a-b" and "a_b" both give "a_b").
-        owner = settings.fixture_goldens.setdefault(golden, self._request.node.nodeid)
+        # Test names map to file names many to one ("a-b" and "a_b" both give "a_b"); a
+        # basename given is shared on purpose.
+        owner = self._request.node.nodeid
+        if basename is None:
+            owner = settings.fixture_goldens.setdefault(golden, owner)
         if owner != self._request.node.nodeid:
             pytest.fail(
                 f"{self._shown(golden)} is the golden of {owner} too; give one of the tests "

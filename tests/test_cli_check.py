@@ -234,7 +234,7 @@ def test_report_file_with_text_output(tmp_path: Path) -> None:
         ("shardcheck.toml", "--report shardcheck.toml: is the manifest"),
         ("golden/attention.json", "--report golden/attention.json: is the golden of attention"),
         ("fixtures/attention.onnx", "--report fixtures/attention.onnx: is the model of attention"),
-        ("golden/report.json", "--report golden/report.json: is inside golden-dir golden"),
+        ("golden/report.json", "--report golden/report.json: is a .json file in golden-dir"),
         ("-", "--report -: the report is written to a file"),
         ("missing/report.json", "missing/report.json: cannot write: directory 'missing' does"),
     ],
@@ -251,6 +251,18 @@ def test_a_report_path_that_cannot_be_the_report_is_refused_before_any_write(
     assert result.exit_code == 2
     assert result.stderr.startswith(f"shardcheck: error: {says}"), result.stderr
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("report", ["golden/report.txt", "golden/.report.json"])
+def test_a_report_in_golden_dir_that_no_check_takes_for_a_golden_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: str
+) -> None:
+    make_project(tmp_path, ("attention",))
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", "--report", report)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / report).read_text())["ok"] is True
+    assert run_cli("check").exit_code == 0  # and it is no stale golden after
 
 
 def test_an_empty_manifest_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -374,3 +374,19 @@ def test_two_tests_whose_names_map_to_one_golden_are_told_apart(
             "give one of the tests its own with check(..., basename=...)*",
         ]
     )
+
+
+def test_tests_that_name_one_golden_on_purpose_share_it(pytester: pytest.Pytester) -> None:
+    # An option that must not change the hints, checked against one golden by basename.
+    shutil.copy(FIXTURES / "attention_head.onnx", pytester.path / "m.onnx")
+    pytester.makepyfile(
+        test_h="""
+        import pytest
+
+        @pytest.mark.parametrize("opts", [{}, {"reduce_op": "max"}])
+        def test_same(shard_hints_regression, opts):
+            shard_hints_regression.check("m.onnx", basename="head", **opts)
+        """
+    )
+    run(pytester).assert_outcomes(passed=1, failed=1)  # the first run creates the golden
+    run(pytester).assert_outcomes(passed=2)

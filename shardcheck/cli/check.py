@@ -9,7 +9,7 @@ import click
 from shardcheck.cli.arguments import FORMAT_OPTION
 from shardcheck.errors import InputError
 from shardcheck.fsio import atomic_write_text, output_target, same_file
-from shardcheck.gate import run_check
+from shardcheck.gate import looks_like_a_golden, run_check
 from shardcheck.manifest import Manifest, find_manifest, load_manifest
 
 
@@ -54,8 +54,8 @@ def check(
 
 def _refuse_report_path(report: str, manifest: Manifest) -> None:
     """InputError for a --report path that cannot be written or names one of the gate's own
-    files: the manifest, a model, a golden, or a place in golden-dir (where the report would
-    be taken for a stale golden)."""
+    files: the manifest, a model, a golden, or a file in golden-dir that the stale-golden
+    check would take for a golden."""
     if report == "-":
         raise InputError(
             "--report -: the report is written to a file; for the JSON report on standard "
@@ -69,9 +69,8 @@ def _refuse_report_path(report: str, manifest: Manifest) -> None:
     for what, path in inputs:
         if same_file(target, path) or target.resolve() == path.resolve():
             raise InputError(f"--report {report}: is {what}; write the report elsewhere")
-    golden_dir = manifest.golden_dir
-    if golden_dir is not None and target.resolve().is_relative_to(golden_dir.resolve()):
+    if looks_like_a_golden(manifest, target):
         raise InputError(
-            f"--report {report}: is inside golden-dir {manifest.display(golden_dir)}, where it "
-            "would be taken for a stale golden; write the report elsewhere"
+            f"--report {report}: is a .json file in golden-dir, where it would be taken for "
+            "a stale golden; write the report elsewhere"
         )
