@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from shardcheck.detect import AttentionLayer
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.report import ERROR, WARNING, Report
 from shardcheck.shapes import ShapeInference
-from shardcheck.wording import counted, listed
+from shardcheck.wording import counted
 
 
 def check_static(
@@ -62,16 +64,24 @@ def check_static(
                 "only ('shardcheck shard' handles it)",
                 tensor=layer.q,
             )
-    for hint in hints.attention_layers:
-        if hint.q in by_q and not hint.gather_kv and hint.replace is None:
+    ungathered = [
+        by_q[hint.q]
+        for hint in hints.attention_layers
+        if hint.q in by_q and not hint.gather_kv and hint.replace is None
+    ]
+    # Only K or V computed from a scattered tensor is split across the ranks (cross-attention
+    # over a whole memory needs no gather).
+    scattered = _downstream(index, [t.name for t in hints.inputs]) if ungathered else set()
+    for layer in ungathered:
+        if layer.gathered_k in scattered or layer.gathered_v in scattered:
             report.add(
                 "SC121",
                 ERROR,
-                f"attention_layers[q={hint.q}].gather_kv",
-                f"layer {by_q[hint.q].name} is hinted with gather_kv false and no fused "
-                "replacement: its K and V would not be gathered, so it would attend to local "
-                "positions only",
-                tensor=hint.q,
+                f"attention_layers[q={layer.q}].gather_kv",
+                f"layer {layer.name} is hinted with gather_kv false and no fused replacement: "
+                "its K and V, computed from scattered tensors, would not be gathered, so it "
+                "would attend to local positions only",
+                tensor=layer.q,
                 expected="true",
                 observed="false",
             )
@@ -138,15 +148,16 @@ def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -
             "",
         ),
     ):
+        # Past every layer's rank; past some only, SC105/SC106 name the layers.
         ranks = sorted({rank_of(layer) for layer in layers} - {None})
-        if ranks and hinted >= ranks[0]:
+        if ranks and hinted >= ranks[-1]:
             report.add(
                 "SC103",
                 ERROR,
                 what,
-                f"{what} {hinted} is outside the rank {listed([str(r) for r in ranks])} of the "
-                f"gathered {what[0].upper()}",
-                expected=f"< {ranks[0]}",
+                f"{what} {hinted} is outside the rank {ranks[-1]} of the gathered "
+                f"{what[0].upper()}{' (its largest)' if len(ranks) > 1 else ''}",
+                expected=f"< {ranks[-1]}",
                 observed=hinted,
             )
         wrong = [layer for layer in layers if axis_of(layer) not in (None, hinted)]
@@ -255,3 +266,16 @@ def _check_scattered_and_gathered(hints: ShardHints, report: Report) -> None:
                 expected="one of inputs, outputs",
                 observed="both",
             )
+
+
+def _downstream(index: GraphIndex, starts: list[str]) -> set[str]:
+    """The tensors computed from ``starts`` (``starts`` included)."""
+    reached = set(starts)
+    queue = deque(starts)
+    while queue:
+        for node_index in index.consumers.get(queue.popleft(), ()):
+            for output in index.nodes[node_index].outputs:
+                if output and output not in reached:
+                    reached.add(output)
+                    queue.append(output)
+    return reached

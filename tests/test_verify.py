@@ -8,14 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 from conftest import ANCHORS, FIXTURES, GOLDEN, read_json, run_cli
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GraphIndex, verify
 from shardcheck.errors import HintsFormatError, InputError
-from shardcheck.hints import DistCollective, ShardHints, ShardTensor
+from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
 
 REAL = FIXTURES / "real"
@@ -601,3 +602,68 @@ def test_a_dim_below_1_is_refused_without_ranks_too(value: int) -> None:
     with pytest.raises(InputError) as error:
         verify(model, hints, dims={"batch": value})
     assert error.value.message == f"--dim batch={value}: a dim must be a positive integer"
+
+
+def _cross_attention_model(path: Path) -> Path:
+    """Q from x, K and V from a memory input of its own length (cross-attention)."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), name)
+        for name in ("Wq", "Wk", "Wv")
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"]),
+        helper.make_node("MatMul", ["mem", "Wk"], ["k"]),
+        helper.make_node("MatMul", ["mem", "Wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kT"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kT"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cross",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
+            helper.make_tensor_value_info("mem", TensorProto.FLOAT, ["batch", "mlen", 8]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
+    return path
+
+
+def test_gather_kv_false_is_right_where_k_and_v_are_computed_whole(tmp_path: Path) -> None:
+    # Only x is scattered; K and V come from the whole memory on every rank: nothing to gather.
+    model = _cross_attention_model(tmp_path / "cross.onnx")
+    hints = ShardHints(
+        attention_layers=(AttentionLayerHint("q", gather_kv=False, gather_q=False),),
+        inputs=(ShardTensor("x", 1, 3),),
+        outputs=(ShardTensor("y", 1, 3),),
+        k_seq_len_idx=2,
+        v_seq_len_idx=1,
+        kv_rank=3,
+    )
+    report = verify(model, hints, ranks=2)
+    assert report.ok, report.render_text()
+    assert [f.code for f in report.findings] == ["SC202", "SC202"]
+    # Scattering the memory too splits K and V: then they must be gathered.
+    split = verify(model, hints.with_changes(inputs=(*hints.inputs, ShardTensor("mem", 1, 3))))
+    assert "SC121" in [f.code for f in split.errors]
+
+
+def test_a_kv_index_inside_one_layer_s_rank_is_no_sc103(tmp_path: Path) -> None:
+    # mixed_rank_attention's gathered K are of rank 3 (flat_mm1) and 4 (heads_mm1).
+    model = FIXTURES / "mixed_rank_attention.onnx"
+    hints = tmp_path / "h.json"
+    forced = ("--k-idx", "3", "--v-idx", "2", "--kv-rank", "4")
+    assert run_cli("gen", model, "-o", hints, *forced).exit_code == 0
+    codes = [f.code for f in verify(model, hints).errors]
+    assert "SC103" not in codes and "SC105" in codes  # flat_mm1's K has no axis 3
+    past = read_hints(hints).with_changes(k_seq_len_idx=4)
+    [outside] = [f for f in verify(model, past).errors if f.code == "SC103"]
+    assert outside.message == (
+        "k_seq_len_idx 4 is outside the rank 4 of the gathered K (its largest)"
+    )
