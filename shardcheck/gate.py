@@ -65,7 +65,8 @@ class ModelResult:
     error: str | None = None  # the model could not be loaded or generated, or its golden written
     warnings: tuple[str, ...] = ()
     verify: VerifyOutcome | None = None
-    # --update left the golden as it was: the hints it would have written fail verify.
+    # --update left the golden as it was: the hints it would have written failed verify, or
+    # verify could not check them.
     held_back: bool = False
 
     @property

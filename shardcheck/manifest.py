@@ -116,14 +116,15 @@ def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
         )
     models = tuple(_model(raw, position, source, root) for position, raw in enumerate(raw_models))
     _check_unique(models, source)
-    golden_dir = None if golden_dir_text is None else root / golden_dir_text
-    if golden_dir is not None:
+    golden_dir = None
+    if golden_dir_text is not None:
+        golden_dir = root / golden_dir_text
         _check_golden_dir(golden_dir, golden_dir_text, models, source)
     return Manifest(source=source, root=root, models=models, golden_dir=golden_dir)
 
 
 def _check_golden_dir(
-    golden_dir: Path, text: str | None, models: tuple[ModelEntry, ...], source: Path
+    golden_dir: Path, text: str, models: tuple[ModelEntry, ...], source: Path
 ) -> None:
     """A golden-dir that is a file, or is missing with none of the goldens in it (a misspelt
     path), would silently turn the stale-golden check off."""
