@@ -147,9 +147,9 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
         warnings.append(
             f"{index.source}: {len(skipped)} of {counted(len(layers), 'attention layer')} "
             f"{'matches' if len(skipped) == 1 else 'match'} neither of Polygraphy's patterns "
-            f"({'first: ' if len(skipped) > 1 else ''}{skipped[0]}); 'polygraphy multi-device "
-            "shard' would skip "
-            f"{'it' if len(skipped) == 1 else 'them'}, 'shardcheck shard' does not"
+            f"({'first: ' if len(skipped) > 1 else ''}{skipped[0]}); 'polygraphy "
+            f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
+            "'shardcheck shard' does not"
         )
     unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
     if unknown:

@@ -35,7 +35,7 @@ class _Settings:
     update: bool
     manifest_path: Path | None  # resolved; None unless --shardcheck
     written: list[str] = field(default_factory=list)  # goldens written this session
-    # golden path -> the test that compares with it (two tests must not share one)
+    # golden path -> the test whose name gave it (two tests' names must not give one)
     fixture_goldens: dict[Path, str] = field(default_factory=dict)
 
 
