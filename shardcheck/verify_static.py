@@ -42,8 +42,13 @@ def check_static(
                 observed="no layer" if present else "absent",
             )
     hinted = {hint.q for hint in hints.attention_layers}
+    # Only K or V computed from a scattered tensor is split across the ranks and needs the
+    # layer's gather (cross-attention over a whole memory needs none).
+    scattered = _Scattered(index, hints)
     for layer in layers:
         if layer.q not in hinted:
+            if not scattered.reaches(layer):
+                continue
             report.add(
                 "SC109",
                 ERROR,
@@ -69,11 +74,8 @@ def check_static(
         for hint in hints.attention_layers
         if hint.q in by_q and not hint.gather_kv and hint.replace is None
     ]
-    # Only K or V computed from a scattered tensor is split across the ranks (cross-attention
-    # over a whole memory needs no gather).
-    scattered = _downstream(index, [t.name for t in hints.inputs]) if ungathered else set()
     for layer in ungathered:
-        if layer.gathered_k in scattered or layer.gathered_v in scattered:
+        if scattered.reaches(layer):
             report.add(
                 "SC121",
                 ERROR,
@@ -268,14 +270,29 @@ def _check_scattered_and_gathered(hints: ShardHints, report: Report) -> None:
             )
 
 
-def _downstream(index: GraphIndex, starts: list[str]) -> set[str]:
-    """The tensors computed from ``starts`` (``starts`` included)."""
-    reached = set(starts)
-    queue = deque(starts)
-    while queue:
-        for node_index in index.consumers.get(queue.popleft(), ()):
-            for output in index.nodes[node_index].outputs:
-                if output and output not in reached:
-                    reached.add(output)
-                    queue.append(output)
-    return reached
+class _Scattered:
+    """The tensors computed from the hinted inputs (which are scattered), found when first
+    asked about."""
+
+    def __init__(self, index: GraphIndex, hints: ShardHints) -> None:
+        self.index = index
+        self.starts = [t.name for t in hints.inputs]
+        self._reached: set[str] | None = None
+
+    def reaches(self, layer: AttentionLayer) -> bool:
+        """Whether the layer's gathered K or V is computed from a scattered tensor."""
+        if self._reached is None:
+            self._reached = self._downstream()
+        return layer.gathered_k in self._reached or layer.gathered_v in self._reached
+
+    def _downstream(self) -> set[str]:
+        index = self.index
+        reached = set(self.starts)
+        queue = deque(self.starts)
+        while queue:
+            for node_index in index.consumers.get(queue.popleft(), ()):
+                for output in index.nodes[node_index].outputs:
+                    if output and output not in reached:
+                        reached.add(output)
+                        queue.append(output)
+        return reached

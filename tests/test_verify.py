@@ -635,7 +635,7 @@ def _cross_attention_model(path: Path) -> Path:
     return path
 
 
-def test_gather_kv_false_is_right_where_k_and_v_are_computed_whole(tmp_path: Path) -> None:
+def test_k_and_v_computed_whole_need_no_gather(tmp_path: Path) -> None:
     # Only x is scattered; K and V come from the whole memory on every rank: nothing to gather.
     model = _cross_attention_model(tmp_path / "cross.onnx")
     hints = ShardHints(
@@ -652,6 +652,10 @@ def test_gather_kv_false_is_right_where_k_and_v_are_computed_whole(tmp_path: Pat
     # Scattering the memory too splits K and V: then they must be gathered.
     split = verify(model, hints.with_changes(inputs=(*hints.inputs, ShardTensor("mem", 1, 3))))
     assert "SC121" in [f.code for f in split.errors]
+    # Nor need the layer be hinted at all while its K and V are whole (SC109 is for split ones).
+    unhinted = verify(model, hints.with_changes(attention_layers=()), ranks=2)
+    assert unhinted.ok, unhinted.render_text()
+    assert [f.code for f in unhinted.findings] == ["SC202", "SC202"]
 
 
 def test_a_kv_index_inside_one_layer_s_rank_is_no_sc103(tmp_path: Path) -> None:
