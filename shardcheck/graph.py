@@ -12,7 +12,8 @@ import gc
 import math
 import struct
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -254,6 +255,34 @@ class GraphIndex:
 
     def consumers_of(self, tensor: str) -> list[Node]:
         return [self.nodes[i] for i in self.consumers.get(tensor, ())]
+
+    def computed_from(
+        self,
+        starts: Iterable[str],
+        *,
+        stop: Collection[str] = frozenset(),
+        ends: Collection[str] = frozenset(),
+        through_shapes: bool = True,
+    ) -> set[str]:
+        """Every tensor computed from ``starts`` (they included): through Shape and Size only
+        with ``through_shapes``, not passing the tensors in ``stop``, and not going on past
+        those in ``ends`` (a start does go on)."""
+        queue = deque(starts)
+        first = set(queue)
+        found = set(first)
+        while queue:
+            tensor = queue.popleft()
+            if tensor in ends and tensor not in first:
+                continue
+            for node_index in self.consumers.get(tensor, ()):
+                node = self.nodes[node_index]
+                if not through_shapes and node.op_type in SHAPE_OPS:
+                    continue
+                for output in node.outputs:
+                    if output and output not in found and output not in stop:
+                        found.add(output)
+                        queue.append(output)
+        return found
 
     def is_graph_output(self, tensor: str) -> bool:
         return tensor in self.output_infos

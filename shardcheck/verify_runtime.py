@@ -288,14 +288,17 @@ class RuntimeCheck:
         walks = _Walks(query, key, masks)
         for name in self.index.graph_inputs:
             if name not in hinted:
-                walks.input_reach[name] = _reach(self.index, name, stop=hinted, ends=ends)
+                # Through data only, up to the attention inputs.
+                walks.input_reach[name] = self.index.computed_from(
+                    [name], stop=hinted, ends=ends, through_shapes=False
+                )
         # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
         # only the others forward.
         feeds_attention = _upstream(self.index, query | key, ends)
         for tensor in self.hints.inputs:
             if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
                 continue
-            reached = _reach(self.index, tensor.name, stop=set(), ends=ends)
+            reached = self.index.computed_from([tensor.name], ends=ends, through_shapes=False)
             reached_masks = sorted(reached & masks)
             if reached_masks and not reached & (query | key):
                 walks.mask_only.append((tensor, reached_masks))
@@ -383,28 +386,9 @@ def _attention_sides(
     return query, key, masks
 
 
-def _reach(index: GraphIndex, start: str, stop: set[str], ends: set[str]) -> set[str]:
-    """Every tensor computed from ``start`` (through data, not through Shape), not passing
-    the tensors in ``stop`` and not going on past those in ``ends`` (the attention inputs)."""
-    found = {start}
-    queue = deque([start])
-    while queue:
-        tensor = queue.popleft()
-        if tensor in ends and tensor != start:
-            continue
-        for consumer in index.consumers_of(tensor):
-            if consumer.op_type in SHAPE_OPS:
-                continue
-            for output in consumer.outputs:
-                if output and output not in found and output not in stop:
-                    found.add(output)
-                    queue.append(output)
-    return found
-
-
 def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
-    """Every tensor from which ``_reach`` (with these ``ends``) would reach a target: a walk
-    back through data (not Shape), not going on past an end."""
+    """Every tensor from which ``computed_from`` (with these ``ends``, through data only)
+    would reach a target: a walk back through data (not Shape), not going on past an end."""
     found = set(targets)
     queue = deque(targets)
     while queue:

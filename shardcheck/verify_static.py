@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from shardcheck.detect import AttentionLayer
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
@@ -280,19 +278,8 @@ class _Scattered:
         self._reached: set[str] | None = None
 
     def reaches(self, layer: AttentionLayer) -> bool:
-        """Whether the layer's gathered K or V is computed from a scattered tensor."""
+        """Whether the layer's gathered K or V is computed from a scattered tensor (through
+        Shape too: a length taken from a scattered tensor is a local one)."""
         if self._reached is None:
-            self._reached = self._downstream()
+            self._reached = self.index.computed_from(self.starts)
         return layer.gathered_k in self._reached or layer.gathered_v in self._reached
-
-    def _downstream(self) -> set[str]:
-        index = self.index
-        reached = set(self.starts)
-        queue = deque(self.starts)
-        while queue:
-            for node_index in index.consumers.get(queue.popleft(), ()):
-                for output in index.nodes[node_index].outputs:
-                    if output and output not in reached:
-                        reached.add(output)
-                        queue.append(output)
-        return reached
