@@ -3,6 +3,7 @@ and the sequence lengths verify runs at unless told (the manifest checks its ran
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -110,21 +111,18 @@ class GenOptions:
                     f"{source}: gen option {raw_key!r} given twice (also as {spelled[key]!r})"
                 )
             spelled[key] = str(raw_key)
-            problem = _type_problem(kinds[key], value)
-            if problem:
-                raise InputError(
-                    f"{source}: gen option {raw_key!r}: expected {problem}, got {_shown(value)}"
-                )
-            kwargs[key] = tuple(value) if isinstance(value, list) else value
+            kwargs[key] = value
         try:
             return cls(**kwargs)
         except InputError as exc:
-            # __post_init__ says "field: problem"; name the key as the mapping spelled it.
+            # __post_init__ (types, choices, bounds) says "field: problem"; name the key as the
+            # mapping spelled it.
             field_name, _, problem = exc.message.partition(": ")
             key = spelled.get(field_name, field_name)
             raise InputError(f"{source}: gen option {key!r}: {problem}") from None
 
 
+@functools.cache
 def _option_kinds() -> dict[str, str]:
     """Each option's kind, read from its annotation (a string under postponed evaluation)."""
     kinds = {
