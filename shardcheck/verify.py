@@ -88,11 +88,10 @@ def verify(
                 f"ranks ({which}); choose --seq-lens accordingly"
             )
     parsed = parse_model(model_path, keep_bytes=True)
-    hints_source = hints_source if isinstance(hints, ShardHints) else str(hints)
     if isinstance(hints, ShardHints):
         hints = validated(hints, hints_source)
     else:
-        hints = read_hints(hints)
+        hints_source, hints = str(hints), read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
     index = index_parsed(parsed)
     # onnxruntime loads the model while the checker and the analysis run (the session is only
