@@ -336,9 +336,8 @@ def test_regression_fixture_bad_option_is_a_clean_failure(pytester: pytest.Pytes
         """
     )
 
-    result = run(
-        pytester,
-    )
+    # -rN: without the short summary, which repeats the message only when the terminal is wide.
+    result = run(pytester, "-rN")
 
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
