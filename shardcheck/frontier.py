@@ -78,12 +78,13 @@ def find_frontier(
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     ids = TensorIds(index)
+    layer_output_flags = ids.flags(layer_outputs)
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
-        needed = _must_be_whole(index, ids, walked, forward_nodes)
+        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags)
         needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -481,30 +482,46 @@ class _Region:
 
 
 def _must_be_whole(
-    index: GraphIndex, ids: TensorIds, region: _Region, forward_nodes: set[int]
+    index: GraphIndex,
+    ids: TensorIds,
+    region: _Region,
+    forward_nodes: set[int],
+    layer_output_flags: bytearray,
 ) -> set[str]:
-    """Region tensors whose length (via Shape) feeds the computation of a cut tensor, and data
-    cuts that nodes read outside the region (its nodes, and ``forward_nodes``, those after
-    the layers): both must be computed whole."""
+    """Region tensors that a cut tensor is computed from (through data, or their length via
+    Shape), and data cuts that nodes read outside the region (its nodes, and
+    ``forward_nodes``, those after the layers): all must be computed whole."""
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
     sliced = _SlicedTest(ids, cut_ids)
-    # One walk back from every cut at once (the union is what counts): through tensors
-    # computed whole (a region tensor that is no cut ends it), to the Shape nodes that read a
-    # sliced tensor: one of the region, or one computed from it off the walk (BART takes its
-    # positions' length from such a tensor).
+    # What a rank holds a slice of through data, a layer's output aside (that is gathered).
+    sliced_data = _SlicedTest(ids, cut_ids, whole=layer_output_flags)
+    sliced_memo = sliced_data.memo
+    off_walk_data: list[int] = []
+    # A cut is computed whole on every rank, so whatever it is computed from must be whole.
+    # One walk back from every cut at once (the union is what counts), through tensors
+    # computed whole, finds what is not: the region tensors it reaches; tensors off the
+    # region computed from a slice through data (Falcon's second layer multiplies its slice
+    # by rotary tables its first layer needs whole), whose nearest region tensors must then
+    # be whole; and the Shape nodes that read a sliced tensor, of the region or computed from
+    # it off the walk (BART takes its positions' length from such a tensor). A layer's output
+    # ends the walk: what follows a layer reaches a cut through the tensors gathered.
     ends = bytearray(in_region)
     seen = bytearray(len(ids.names))
     for tensor in cut_ids:
         ends[tensor] = 0
         seen[tensor] = 1
+    is_cut = bytearray(seen)
     parents, shape_read, names = ids.parents, ids.shape_read, ids.names
     queue = deque(cut_ids)
     pop, append = queue.popleft, queue.append
     while queue:
         current = pop()
+        if layer_output_flags[current]:
+            continue
         if ends[current]:
+            needed.add(names[current])
             continue
         inputs = parents[current]
         if inputs is None:
@@ -519,11 +536,18 @@ def _must_be_whole(
                 continue
             # The Shape of a tensor no rank slices: its own shape may come from a sliced one.
             inputs = (read,)
+        elif not is_cut[current] and (
+            # Most tensors here are known already: the memo saves the call.
+            sliced_memo[current] == _SLICED if sliced_memo[current] else sliced_data(current)
+        ):
+            off_walk_data.append(current)
+            continue
         for name in inputs:
             if not seen[name]:
                 seen[name] = 1
                 append(name)
     needed |= _region_ancestors(ids, off_walk, in_region)
+    needed |= _region_ancestors(ids, off_walk_data, in_region, passed=layer_output_flags)
     consumers, nodes = index.consumers, index.nodes
     region_nodes = region.nodes
     for tensor in region.cut:
@@ -546,9 +570,10 @@ class _SlicedTest:
     slice of, or derived from a slice). Asked of few tensors, so answered walking back from
     them, memoised, rather than by following every cut forward through the whole graph."""
 
-    def __init__(self, ids: TensorIds, cut: Iterable[int]) -> None:
+    def __init__(self, ids: TensorIds, cut: Iterable[int], whole: bytearray | None = None) -> None:
         self.parents = ids.parents
-        self.memo = bytearray(len(ids.names))
+        # Flags are 1, which is _WHOLE.
+        self.memo = bytearray(len(ids.names)) if whole is None else bytearray(whole)
         for tensor in cut:
             self.memo[tensor] = _SLICED
 
@@ -591,11 +616,14 @@ class _SlicedTest:
         return memo[tensor] == _SLICED
 
 
-def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:
-    """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
+def _region_ancestors(
+    ids: TensorIds, tensors: list[int], in_region: bytearray, passed: bytearray | None = None
+) -> set[str]:
+    """The nearest region tensors that ``tensors`` are computed from (one shared walk), not
+    looking past the ``passed`` tensors."""
     found: set[str] = set()
     parents = ids.parents
-    seen = bytearray(len(ids.names))
+    seen = bytearray(len(ids.names)) if passed is None else bytearray(passed)
     for tensor in tensors:
         seen[tensor] = 1
     queue = deque(tensors)

@@ -170,7 +170,47 @@ def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whol
     cut = {"x": 0, "k": 0}
     # The Relu (node 0) is in the region: x is read inside it only.
     region = _Region.of(ids, {**cut, "t": 0}, {0}, cut)
-    assert _must_be_whole(index, ids, region, set()) == {"t"}
+    assert _must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
+
+
+def _cut_fed_by_a_slice(*, through: str | None) -> tuple[GraphIndex, TensorIds, _Region]:
+    """x is scattered; the Relu computing t is in the region, so each rank holds a slice of
+    t; the cut k is made by a Softmax (computed whole on every rank) from t, or from a Neg of
+    t (``through``) that the region does not hold."""
+    nodes = [oh.make_node("Relu", ["x"], ["t"], name="relu")]
+    read = "t"
+    if through is not None:
+        nodes.append(oh.make_node("Neg", ["t"], [through], name="neg"))
+        read = through
+    nodes.append(oh.make_node("Softmax", [read], ["k"], name="softmax"))
+    graph = oh.make_graph(
+        nodes,
+        "cut_fed_by_a_slice",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [oh.make_tensor_value_info("k", TensorProto.FLOAT, [4])],
+    )
+    index = GraphIndex(oh.make_model(graph))
+    ids = TensorIds(index)
+    cut = {"x": 0, "k": 0}
+    return index, ids, _Region.of(ids, {**cut, "t": 0}, {0}, cut)
+
+
+@pytest.mark.parametrize("through", [None, "u"])
+def test_a_region_tensor_a_cut_is_computed_from_is_whole(through: str | None) -> None:
+    # Directly, or through u, which is computed from the slice of t and so is a slice too:
+    # the Softmax would read a slice where it needs the whole of t.
+    index, ids, region = _cut_fed_by_a_slice(through=through)
+    assert _must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
+
+
+@pytest.mark.parametrize("through", [None, "u"])
+def test_a_layer_output_a_cut_is_computed_from_is_left_to_the_gathers(
+    through: str | None,
+) -> None:
+    # An attention layer's output reaches what follows it through the gathered tensors.
+    index, ids, region = _cut_fed_by_a_slice(through=through)
+    layer_outputs = ids.flags(["t"])
+    assert _must_be_whole(index, ids, region, set(), layer_outputs) == set()
 
 
 def test_sliced_test_ends_on_a_cycle() -> None:
