@@ -73,6 +73,12 @@ def _ignored_options(options: GenOptions) -> list[str]:
             "--attention-pattern chooses a Polygraphy pattern, for --compat polygraphy only; "
             "ignored (shardcheck detects attention as exporters write it)"
         )
+    if options.parallelism != "CP":
+        warnings.append(
+            f"--parallelism {options.parallelism} changes only the hints' label (they are built "
+            "as for CP, as Polygraphy builds them); 'shardcheck shard' and 'verify --ranks' "
+            "take CP hints only"
+        )
     if options.io == "graph" and (options.compat == "polygraphy" or options.no_suggest_io):
         why = "--compat polygraphy" if options.compat == "polygraphy" else "--no-suggest-io"
         warnings.append(f"--io graph changes nothing with {why}; ignored")

@@ -37,6 +37,7 @@ CODES = {
     "SC120": "sequence length fixed by the inputs",
     "SC121": "K and V not gathered",
     "SC122": "tensor both scattered and gathered",
+    "SC123": "hints not for CP",
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",

@@ -250,7 +250,7 @@ def shard_model(
     """
     hints = validated(hints, hints_source)
     if hints.parallelism != "CP":
-        raise InputError(
+        raise HintsMismatchError(
             f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "
             "parallelism (CP) models only"
         )

@@ -18,6 +18,16 @@ def check_static(
     report: Report,
 ) -> None:
     by_q = {layer.q: layer for layer in layers}
+    if hints.parallelism != "CP":
+        report.add(
+            "SC123",
+            WARNING,
+            "parallelism",
+            f"parallelism {hints.parallelism!r}: shardcheck checks and shards context "
+            "parallelism only; the other checks read these hints as CP hints",
+            expected="CP",
+            observed=hints.parallelism,
+        )
     for kind, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
         for tensor in tensors:
             _check_tensor(index, shapes, kind, tensor, report)

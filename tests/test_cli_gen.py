@@ -154,6 +154,16 @@ def test_options_that_change_nothing_are_warned_of_and_change_nothing(
     assert result.stdout == without.stdout
 
 
+def test_parallelism_tp_changes_only_the_label_and_says_so() -> None:
+    model = FIXTURES / "attention_head.onnx"
+    cp = run_cli("gen", model, "-o", "-")
+    tp = run_cli("gen", model, "-o", "-", "--parallelism", "TP")
+    assert tp.exit_code == 0
+    assert "shardcheck: warning: --parallelism TP changes only the hints' label" in tp.stderr
+    assert "'shardcheck shard' and 'verify --ranks' take CP hints only" in tp.stderr
+    assert json.loads(tp.stdout) == {**json.loads(cp.stdout), "parallelism": "TP"}
+
+
 def test_python_api_equals_cli() -> None:
     model = FIXTURES / "attention_output_chain.onnx"
     result = generate(load_index(model), GenOptions(compat="polygraphy"))

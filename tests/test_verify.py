@@ -269,6 +269,26 @@ def test_hints_the_simulation_cannot_shard_with_are_a_finding_naming_the_file(
     )
 
 
+def test_tp_hints_are_checked_as_cp_hints_with_a_warning_and_not_simulated(
+    bert_hints: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "tp.json"
+    path.write_text(json.dumps({**bert_hints, "parallelism": "TP"}))
+    plain = run_cli("verify", BERT, path)
+    # gen's hints, labelled TP: the checks still pass, beside a warning.
+    assert plain.exit_code == 0, plain.stdout
+    assert (
+        "SC123 warning: parallelism 'TP': shardcheck checks and shards context parallelism "
+        "only; the other checks read these hints as CP hints"
+    ) in plain.stdout.splitlines()
+    simulated = run_cli("verify", BERT, path, "--ranks", "2")
+    assert simulated.exit_code == 1, simulated.stdout
+    assert (
+        "SC203 error: the CP simulation on 2 ranks cannot shard the model with these hints: "
+        f"{path}: parallelism 'TP': shard writes context parallelism (CP) models only"
+    ) in simulated.stdout.splitlines()
+
+
 def test_messages_of_the_static_checks_name_the_values(
     bert_hints: dict[str, Any], tmp_path: Path
 ) -> None:
