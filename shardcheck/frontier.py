@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
 from shardcheck.detect import AttentionLayer, reaches_range
+from shardcheck.dim_expressions import always_one
 from shardcheck.graph import SHAPE_OPS, GraphIndex, Node
 from shardcheck.shapes import ShapeInference
 from shardcheck.tensor_ids import TensorIds
@@ -286,7 +287,7 @@ def _seeds(
                 yield tensor, axis
         for mask in layer.masks:
             mask_shape = shapes.shape(mask)
-            if mask_shape is None or len(mask_shape) < 2 or mask_shape[-2] == 1:
+            if mask_shape is None or len(mask_shape) < 2 or always_one(mask_shape[-2]):
                 continue
             # The mask broadcasts against the scores [..., query, key]. A causal mask differs
             # from row to row: each rank needs its rows. A padding mask only broadcast along
@@ -313,7 +314,7 @@ def _whole_sized_masks(
     for layer in layers:
         for mask in layer.masks:
             shape = shapes.shape(mask)
-            if mask in seeded or shape is None or len(shape) < 2 or shape[-2] == 1:
+            if mask in seeded or shape is None or len(shape) < 2 or always_one(shape[-2]):
                 continue
             axis = len(shape) - 2
             for origin in _axis_ends(index, mapper, mask, axis)[0]:

@@ -1,0 +1,70 @@
+"""Dims written as expressions (the dynamo exporter's value_info holds its symbolic sizes, such as
+``1 - Max(0, 1 - sequence)`` for a slice of length one), evaluated on sample sizes."""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+
+from shardcheck.graph import Dim
+
+# Sizes given to every symbol at once. A dim that is 1 at all of them is taken to be 1 at any
+# size a model runs at.
+SAMPLE_SIZES = (1, 2, 3, 4, 7, 8, 16, 64, 1000, 4096)
+
+_FUNCTIONS = {"Max": max, "Min": min}
+
+
+def always_one(dim: Dim) -> bool:
+    """Whether ``dim`` is 1: the int, or an expression that is 1 at every sample size."""
+    if isinstance(dim, str):
+        return _always_one(dim)
+    return dim == 1
+
+
+@lru_cache(maxsize=256)
+def _always_one(expression: str) -> bool:
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    return all(_value(tree.body, size) == 1 for size in SAMPLE_SIZES)
+
+
+def _value(node: ast.expr, size: int) -> int | None:
+    """The expression's value with every symbol set to ``size``; None for what it cannot read."""
+    if isinstance(node, ast.Constant):
+        return node.value if type(node.value) is int else None
+    if isinstance(node, ast.Name):
+        return size
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        operand = _value(node.operand, size)
+        return None if operand is None else -operand
+    if isinstance(node, ast.BinOp):
+        left, right = _value(node.left, size), _value(node.right, size)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, ast.Add):
+            return left + right
+        if isinstance(node.op, ast.Sub):
+            return left - right
+        if isinstance(node.op, ast.Mult):
+            return left * right
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right:
+            return left // right if isinstance(node.op, ast.FloorDiv) else left % right
+        return None
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCTIONS
+        and node.args
+        and not node.keywords
+    ):
+        values = []
+        for argument in node.args:
+            value = _value(argument, size)
+            if value is None:
+                return None
+            values.append(value)
+        return _FUNCTIONS[node.func.id](values)
+    return None

@@ -1,0 +1,48 @@
+"""Dims written as expressions by the dynamo exporter, read as 1 only when they are."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardcheck.dim_expressions import always_one
+
+
+@pytest.mark.parametrize(
+    "dim",
+    [
+        1,
+        "1",
+        # MPT's ALiBi bias sliced to one row: 1 for every length >= 1.
+        "1 - Max(0, 1 - sequence)",
+        "sequence // sequence",
+        "Min(1, batch)",
+        "Max(1, 2 - sequence) - Max(0, 1 - sequence)",
+    ],
+)
+def test_dims_that_are_one_at_every_size(dim: object) -> None:
+    assert always_one(dim)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "dim",
+    [
+        None,
+        0,
+        2,
+        "sequence",
+        # The same bias's key axis: the length, up to the 64 rows of the table.
+        "64 - Max(0, 64 - sequence)",
+        "Max(1, sequence)",
+        "2 - sequence",
+        "sequence % 2",
+        # Unreadable or not an expression of sizes: never taken for 1.
+        "1 -",
+        "1.0",
+        "sequence ** 0",
+        "__import__('os').getpid() // __import__('os').getpid()",
+        "Max()",
+        "1 // 0",
+    ],
+)
+def test_dims_that_are_not_one_or_cannot_be_read(dim: object) -> None:
+    assert not always_one(dim)  # type: ignore[arg-type]
