@@ -101,7 +101,9 @@ def find_frontier(
     gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
     result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
-    _check_layer_insides(index, layers, sources, set(region), result)
+    sliced = set(region)
+    _check_layer_insides(index, layers, sources, sliced, result)
+    _check_key_lengths(index, shapes, mapper, layers, sources, sliced, result)
     return result
 
 
@@ -125,6 +127,59 @@ def _check_layer_insides(
                 "of a tensor every rank holds whole; CP may not be exact"
             )
             break
+
+
+def _check_key_lengths(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    mapper: AxisMapper,
+    layers: list[AttentionLayer],
+    sources: _ShapeSources,
+    region: set[str],
+    result: Frontier,
+) -> None:
+    """Inside a layer the keys are whole (K and V are gathered): a node there sized along the
+    key axis (the last) by the Shape of K or V before the gather, which ranks hold slices of
+    (``region``), gets each rank's local length instead (BART-style exports reshape the
+    scores with the length of K's own reshape)."""
+    id_of, names = sources.ids.id, sources.ids.names
+    for layer in layers:
+        before_gather = {
+            id_of[name]
+            for k_or_v, gathered in ((layer.k, layer.gathered_k), (layer.v, layer.gathered_v))
+            for name in _layout_chain(index, sources.derived, k_or_v, gathered)
+            if name in region
+        }
+        for node_index in layer.internal:
+            node = index.nodes[node_index]
+            rank = shapes.rank(node.outputs[0]) if node.outputs else None
+            if node_index not in sources.sizable or not rank:
+                continue
+            sized_by = sources.sizing(node_index, rank - 1, mapper) & before_gather
+            if sized_by:
+                result.warnings.append(
+                    f"no exact cut inside layer {layer.name}: {node.label} is sized along the "
+                    f"keys by the length of {names[min(sized_by)]}, which each rank holds a "
+                    "slice of before K and V are gathered; CP may not be exact"
+                )
+                break
+
+
+def _layout_chain(index: GraphIndex, derived: set[str], start: str, end: str) -> list[str]:
+    """The tensors from ``start`` (K or V) up to ``end`` (what CP gathers), without it: back
+    from ``end`` through each producer's data input."""
+    chain: list[str] = []
+    current = end
+    for _ in range(32):
+        producer = index.producer_of(current)
+        if current == start or producer is None:
+            break
+        data = [name for name in producer.inputs if name in derived]
+        if not data:
+            break
+        current = data[0]
+        chain.append(current)
+    return chain
 
 
 def _check_cuts(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 import pytest
 from conftest import FIXTURES
 from onnx import TensorProto
 from onnx import helper as oh
 
+from shardcheck import GenOptions, generate, simulate
 from shardcheck.axes import AxisMapper, _blocks
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.frontier import (
@@ -64,6 +67,64 @@ def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_onc
         "out is gathered (a graph output) but also feeds position-wise ops, which would then "
         "get the whole sequence; CP may not be exact"
     ]
+
+
+def _scores_reshaped_with_the_length_of(length_of: str, axis: int) -> onnx.ModelProto:
+    """x -> Q, K, V projections; the scores are reshaped (to their own shape) with the batch and
+    query length of Q and the key length read from axis ``axis`` of ``length_of``, as
+    BART-style exports do."""
+    weights = [
+        oh.make_tensor(name, TensorProto.FLOAT, [8, 8], [0.01 * (i % 7) for i in range(64)])
+        for name in ("wq", "wk", "wv")
+    ]
+    axes = [oh.make_tensor(f"i{n}", TensorProto.INT64, [1], [n]) for n in (0, 1, 2)]
+    nodes = [
+        oh.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        oh.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        oh.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+        oh.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "k_t"], ["scores"], name="scores"),
+        oh.make_node("Shape", ["q"], ["q_shape"], name="q_shape"),
+        oh.make_node("Shape", [length_of], ["key_shape"], name="key_shape"),
+        oh.make_node("Gather", ["q_shape", "i0"], ["batch"], name="batch", axis=0),
+        oh.make_node("Gather", ["q_shape", "i1"], ["queries"], name="queries", axis=0),
+        oh.make_node("Gather", ["key_shape", f"i{axis}"], ["keys"], name="keys", axis=0),
+        oh.make_node("Concat", ["batch", "queries", "keys"], ["target"], name="target", axis=0),
+        oh.make_node("Reshape", ["scores", "target"], ["reshaped"], name="reshape_scores"),
+        oh.make_node("Softmax", ["reshaped"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "scores_reshaped",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *axes],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("length_of", "axis", "warned"), [("k", 1, True), ("k_t", 2, False)])
+def test_scores_sized_by_the_length_of_k_before_its_gather_are_warned_of(
+    length_of: str, axis: int, warned: bool, tmp_path: Path
+) -> None:
+    model = _scores_reshaped_with_the_length_of(length_of, axis)
+    index = GraphIndex(model)
+    shapes = ShapeInference(index)
+    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    warning = (
+        "no exact cut inside layer scores: reshape_scores is sized along the keys by the length "
+        "of k, which each rank holds a slice of before K and V are gathered; CP may not be exact"
+    )
+    assert (warning in frontier.warnings) is warned, frontier.warnings
+    # The simulation agrees: K's local length makes the reshape fail on every rank; the
+    # length of the K the layer gathers (k_t) is the whole one.
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    hints = generate(index, GenOptions()).hints
+    assert simulate(path, hints, ranks=2, seq_len=8).ok is not warned
 
 
 def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
