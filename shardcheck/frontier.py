@@ -102,7 +102,7 @@ def find_frontier(
     result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
     sliced = set(region)
-    _check_layer_insides(index, layers, sources, sliced, result)
+    _check_layer_insides(index, layers, sources, sliced, cut, result)
     _check_key_lengths(index, shapes, mapper, layers, sources, sliced, result)
     return result
 
@@ -112,19 +112,31 @@ def _check_layer_insides(
     layers: list[AttentionLayer],
     sources: _ShapeSources,
     region: set[str],
+    cut: dict[str, int],
     result: Frontier,
 ) -> None:
     """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
-    sized by a whole tensor's Shape (Bloom reshapes its scores with the length of a tensor the
-    cuts leave whole) gets the whole length next to sliced scores."""
+    sized by the Shape of a tensor off the region gets the wrong length next to the scores:
+    the whole one for a tensor the cuts leave whole (Bloom reshapes its scores with such a
+    length), a slice's for one computed from a slice off the walk (MPT slices its ALiBi bias to
+    the length of a transposed copy of K, before K is gathered)."""
+    sliced = _SlicedTest(sources.ids, [sources.ids.id[name] for name in cut])
     for layer in layers:
         for node_index in layer.internal:
             node = index.nodes[node_index]
-            if node.op_type in SHAPE_OPS or not _sized_by_whole(node, sources, region, set()):
+            source = (
+                None if node.op_type in SHAPE_OPS else _whole_size_source(node, sources, region)
+            )
+            if source is None:
                 continue
+            held = (
+                "each rank holds a slice of"
+                if sliced(sources.ids.id[source])
+                else "every rank holds whole"
+            )
             result.warnings.append(
                 f"no exact cut inside layer {layer.name}: {node.label} is sized by the length "
-                "of a tensor every rank holds whole; CP may not be exact"
+                f"of {source}, which {held}; CP may not be exact"
             )
             break
 
@@ -320,13 +332,24 @@ def _sized_by_whole(
 ) -> bool:
     """Whether a shape-like input of ``node`` comes from the Shape of a tensor that no rank
     slices (in neither ``region`` nor ``reached``)."""
+    return _whole_size_source(node, sources, region, reached) is not None
+
+
+def _whole_size_source(
+    node: Node,
+    sources: _ShapeSources,
+    region: set[str],
+    reached: frozenset[str] | set[str] = frozenset(),
+) -> str | None:
+    """The first tensor outside ``region`` and ``reached`` whose Shape a shape-like input of
+    ``node`` is computed from, if any."""
     for name in node.inputs:
         # An input that is itself sliced (scattered, or computed from a slice) is no size.
         if name and name not in sources.derived and name not in region and name not in reached:
-            for source in sources.of(name):
+            for source in sorted(sources.of(name)):
                 if source not in region and source not in reached:
-                    return True
-    return False
+                    return source
+    return None
 
 
 def _seeds(

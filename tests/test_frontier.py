@@ -69,10 +69,12 @@ def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_onc
     ]
 
 
-def _scores_reshaped_with_the_length_of(length_of: str, axis: int) -> onnx.ModelProto:
-    """x -> Q, K, V projections; the scores are reshaped (to their own shape) with the batch and
-    query length of Q and the key length read from axis ``axis`` of ``length_of``, as
-    BART-style exports do."""
+def _scores_reshaped_with_the_length_of(
+    length_of: str, axis: int, queries_of: str = "q"
+) -> onnx.ModelProto:
+    """x -> Q, K, V projections; the scores are reshaped (to their own shape) with the batch of
+    Q, the query length of ``queries_of`` and the key length read from axis ``axis`` of
+    ``length_of``, as BART-style exports do. ``m``, a graph input, is read only for its length."""
     weights = [
         oh.make_tensor(name, TensorProto.FLOAT, [8, 8], [0.01 * (i % 7) for i in range(64)])
         for name in ("wq", "wk", "wv")
@@ -83,11 +85,13 @@ def _scores_reshaped_with_the_length_of(length_of: str, axis: int) -> onnx.Model
         oh.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
         oh.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
         oh.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 2, 1]),
+        oh.make_node("Relu", ["k"], ["k_copy"], name="k_copy"),
         oh.make_node("MatMul", ["q", "k_t"], ["scores"], name="scores"),
         oh.make_node("Shape", ["q"], ["q_shape"], name="q_shape"),
+        oh.make_node("Shape", [queries_of], ["query_shape"], name="query_shape"),
         oh.make_node("Shape", [length_of], ["key_shape"], name="key_shape"),
         oh.make_node("Gather", ["q_shape", "i0"], ["batch"], name="batch", axis=0),
-        oh.make_node("Gather", ["q_shape", "i1"], ["queries"], name="queries", axis=0),
+        oh.make_node("Gather", ["query_shape", "i1"], ["queries"], name="queries", axis=0),
         oh.make_node("Gather", ["key_shape", f"i{axis}"], ["keys"], name="keys", axis=0),
         oh.make_node("Concat", ["batch", "queries", "keys"], ["target"], name="target", axis=0),
         oh.make_node("Reshape", ["scores", "target"], ["reshaped"], name="reshape_scores"),
@@ -97,7 +101,11 @@ def _scores_reshaped_with_the_length_of(length_of: str, axis: int) -> onnx.Model
     graph = oh.make_graph(
         nodes,
         "scores_reshaped",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [
+            oh.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", SEQ, 8][:rank])
+            for name, rank in (("x", 3), ("m", 2))
+            if name == "x" or "m" in (queries_of, length_of)
+        ],
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=[*weights, *axes],
     )
@@ -125,6 +133,32 @@ def test_scores_sized_by_the_length_of_k_before_its_gather_are_warned_of(
     onnx.save(model, path)
     hints = generate(index, GenOptions()).hints
     assert simulate(path, hints, ranks=2, seq_len=8).ok is not warned
+
+
+@pytest.mark.parametrize(
+    ("length_of", "axis", "queries_of", "held"),
+    [
+        # The query length of a whole tensor next to each rank's slice of the scores.
+        ("k_t", 2, "m", "m, which every rank holds whole"),
+        # The key length of a copy of K off the walk: each rank's own (MPT's ALiBi bias).
+        ("k_copy", 1, "q", "k_copy, which each rank holds a slice of"),
+    ],
+)
+def test_scores_sized_by_the_length_of_a_tensor_off_the_region_are_warned_of(
+    length_of: str, axis: int, queries_of: str, held: str, tmp_path: Path
+) -> None:
+    model = _scores_reshaped_with_the_length_of(length_of, axis, queries_of=queries_of)
+    index = GraphIndex(model)
+    shapes = ShapeInference(index)
+    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    assert (
+        f"no exact cut inside layer scores: reshape_scores is sized by the length of {held}; "
+        "CP may not be exact"
+    ) in frontier.warnings, frontier.warnings
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    hints = generate(index, GenOptions()).hints
+    assert not simulate(path, hints, ranks=2, seq_len=8).ok
 
 
 def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
