@@ -79,13 +79,13 @@ def find_frontier(
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     ids = TensorIds(index)
-    layer_output_flags = ids.flags(layer_outputs)
+    layer_output_ids = [ids.id[name] for name in layer_outputs]
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
-        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags)
+        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_ids)
         needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -101,9 +101,9 @@ def find_frontier(
     gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
     result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
-    sliced = set(region)
-    _check_layer_insides(index, layers, sources, sliced, cut, result)
-    _check_key_lengths(index, shapes, mapper, layers, sources, sliced, result)
+    region_names = set(region)
+    _check_layer_insides(index, layers, sources, region_names, cut, result)
+    _check_key_lengths(index, shapes, mapper, layers, sources, region_names, result)
     return result
 
 
@@ -125,7 +125,9 @@ def _check_layer_insides(
         for node_index in layer.internal:
             node = index.nodes[node_index]
             source = (
-                None if node.op_type in SHAPE_OPS else _whole_size_source(node, sources, region)
+                None
+                if node.op_type in SHAPE_OPS
+                else _size_source_off_region(node, sources, region)
             )
             if source is None:
                 continue
@@ -332,10 +334,10 @@ def _sized_by_whole(
 ) -> bool:
     """Whether a shape-like input of ``node`` comes from the Shape of a tensor that no rank
     slices (in neither ``region`` nor ``reached``)."""
-    return _whole_size_source(node, sources, region, reached) is not None
+    return _size_source_off_region(node, sources, region, reached) is not None
 
 
-def _whole_size_source(
+def _size_source_off_region(
     node: Node,
     sources: _ShapeSources,
     region: set[str],
@@ -565,7 +567,7 @@ def _must_be_whole(
     ids: TensorIds,
     region: _Region,
     forward_nodes: set[int],
-    layer_output_flags: bytearray,
+    layer_outputs: list[int],
 ) -> set[str]:
     """Region tensors that a cut tensor is computed from (through data, or their length via
     Shape), and data cuts that nodes read outside the region (its nodes, and
@@ -573,19 +575,18 @@ def _must_be_whole(
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
+    layer_output_flags = bytearray(len(ids.names))
+    for tensor in layer_outputs:
+        layer_output_flags[tensor] = 1
     sliced = _SlicedTest(ids, cut_ids)
-    # What a rank holds a slice of through data, a layer's output aside (that is gathered).
-    sliced_data = _SlicedTest(ids, cut_ids, whole=layer_output_flags)
-    sliced_memo = sliced_data.memo
-    off_walk_data: list[int] = []
     # A cut is computed whole on every rank, so whatever it is computed from must be whole.
-    # One walk back from every cut at once (the union is what counts), through tensors
-    # computed whole, finds what is not: the region tensors it reaches; tensors off the
-    # region computed from a slice through data (Falcon's second layer multiplies its slice
-    # by rotary tables its first layer needs whole), whose nearest region tensors must then
-    # be whole; and the Shape nodes that read a sliced tensor, of the region or computed from
-    # it off the walk (BART takes its positions' length from such a tensor). A layer's output
-    # ends the walk: what follows a layer reaches a cut through the tensors gathered.
+    # One walk back from every cut at once (the union is what counts) finds what is not: the
+    # region tensors and the cuts it reaches through data, directly or through tensors off the
+    # region (Falcon's second layer multiplies its slice by rotary tables its first layer
+    # needs whole; the dynamo exports of CodeGen and StableLM compute a cut from another),
+    # and the Shape nodes that read a sliced tensor, of the region or computed from it off the
+    # walk (BART takes its positions' length from such a tensor). A layer's output ends the
+    # walk: what follows a layer reaches a cut through the tensors gathered.
     ends = bytearray(in_region)
     seen = bytearray(len(ids.names))
     for tensor in cut_ids:
@@ -615,18 +616,15 @@ def _must_be_whole(
                 continue
             # The Shape of a tensor no rank slices: its own shape may come from a sliced one.
             inputs = (read,)
-        elif not is_cut[current] and (
-            # Most tensors here are known already: the memo saves the call.
-            sliced_memo[current] == _SLICED if sliced_memo[current] else sliced_data(current)
-        ):
-            off_walk_data.append(current)
-            continue
+        else:
+            for name in inputs:
+                if is_cut[name]:
+                    needed.add(names[name])
         for name in inputs:
             if not seen[name]:
                 seen[name] = 1
                 append(name)
     needed |= _region_ancestors(ids, off_walk, in_region)
-    needed |= _region_ancestors(ids, off_walk_data, in_region, passed=layer_output_flags)
     consumers, nodes = index.consumers, index.nodes
     region_nodes = region.nodes
     for tensor in region.cut:
@@ -649,10 +647,9 @@ class _SlicedTest:
     slice of, or derived from a slice). Asked of few tensors, so answered walking back from
     them, memoised, rather than by following every cut forward through the whole graph."""
 
-    def __init__(self, ids: TensorIds, cut: Iterable[int], whole: bytearray | None = None) -> None:
+    def __init__(self, ids: TensorIds, cut: Iterable[int]) -> None:
         self.parents = ids.parents
-        # Flags are 1, which is _WHOLE.
-        self.memo = bytearray(len(ids.names)) if whole is None else bytearray(whole)
+        self.memo = bytearray(len(ids.names))
         for tensor in cut:
             self.memo[tensor] = _SLICED
 
@@ -695,14 +692,11 @@ class _SlicedTest:
         return memo[tensor] == _SLICED
 
 
-def _region_ancestors(
-    ids: TensorIds, tensors: list[int], in_region: bytearray, passed: bytearray | None = None
-) -> set[str]:
-    """The nearest region tensors that ``tensors`` are computed from (one shared walk), not
-    looking past the ``passed`` tensors."""
+def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:
+    """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
     found: set[str] = set()
     parents = ids.parents
-    seen = bytearray(len(ids.names)) if passed is None else bytearray(passed)
+    seen = bytearray(len(ids.names))
     for tensor in tensors:
         seen[tensor] = 1
     queue = deque(tensors)
