@@ -33,7 +33,8 @@ class HintsFormatError(InputError):
 
 class HintsMismatchError(InputError):
     """Hints read without fault that do not fit the model (a tensor it lacks, an axis past a
-    tensor's rank): shard refuses them (exit 2); verify's simulation reports them (SC203)."""
+    tensor's rank) or that shard does not write (TP): shard refuses them (exit 2); verify's
+    simulation reports them (SC203)."""
 
 
 class ModelError(InputError):

@@ -569,9 +569,9 @@ def _must_be_whole(
     forward_nodes: set[int],
     layer_outputs: list[int],
 ) -> set[str]:
-    """Region tensors that a cut tensor is computed from (through data, or their length via
-    Shape), and data cuts that nodes read outside the region (its nodes, and
-    ``forward_nodes``, those after the layers): all must be computed whole."""
+    """Region tensors and cuts that a cut tensor is computed from (through data, or a region
+    tensor's length via Shape), and data cuts that nodes read outside the region (its nodes,
+    and ``forward_nodes``, those after the layers): all must be computed whole."""
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
