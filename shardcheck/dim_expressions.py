@@ -13,6 +13,9 @@ from shardcheck.graph import Dim
 SAMPLE_SIZES = (1, 2, 3, 4, 7, 8, 16, 64, 1000, 4096)
 
 _FUNCTIONS = {"Max": max, "Min": min}
+# Longer dims are not read: the exporter's run to a few dozen characters, and a parse or a
+# walk of a deeply nested expression could exhaust the stack or the memory.
+MAX_EXPRESSION_CHARS = 256
 
 
 def always_one(dim: Dim) -> bool:
@@ -24,11 +27,13 @@ def always_one(dim: Dim) -> bool:
 
 @lru_cache(maxsize=256)
 def _always_one(expression: str) -> bool:
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return False
     try:
         tree = ast.parse(expression, mode="eval")
-    except (SyntaxError, ValueError):
+        return all(_value(tree.body, size) == 1 for size in SAMPLE_SIZES)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
-    return all(_value(tree.body, size) == 1 for size in SAMPLE_SIZES)
 
 
 def _value(node: ast.expr, size: int) -> int | None:

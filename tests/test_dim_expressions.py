@@ -17,6 +17,7 @@ from shardcheck.dim_expressions import always_one
         "sequence // sequence",
         "Min(1, batch)",
         "Max(1, 2 - sequence) - Max(0, 1 - sequence)",
+        "1" + "+0" * 127,  # 255 characters: still read
     ],
 )
 def test_dims_that_are_one_at_every_size(dim: object) -> None:
@@ -42,6 +43,11 @@ def test_dims_that_are_one_at_every_size(dim: object) -> None:
         "__import__('os').getpid() // __import__('os').getpid()",
         "Max()",
         "1 // 0",
+        # Too long or too deep to read (a parse of these exhausts the stack or the memory).
+        "1" + "+0" * 100_000,
+        "-" * 100_000 + "1",
+        "(" * 300 + "1" + ")" * 300,
+        "1" + "+0" * 128,  # 257 characters
     ],
 )
 def test_dims_that_are_not_one_or_cannot_be_read(dim: object) -> None:
