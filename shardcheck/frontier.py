@@ -79,13 +79,13 @@ def find_frontier(
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     ids = TensorIds(index)
-    layer_output_ids = [ids.id[name] for name in layer_outputs]
+    layer_output_flags = ids.flags(layer_outputs)
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
-        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_ids)
+        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags)
         needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -567,7 +567,7 @@ def _must_be_whole(
     ids: TensorIds,
     region: _Region,
     forward_nodes: set[int],
-    layer_outputs: list[int],
+    layer_output_flags: bytearray,
 ) -> set[str]:
     """Region tensors and cuts that a cut tensor is computed from (through data, or a region
     tensor's length via Shape), and data cuts that nodes read outside the region (its nodes,
@@ -575,9 +575,6 @@ def _must_be_whole(
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
-    layer_output_flags = bytearray(len(ids.names))
-    for tensor in layer_outputs:
-        layer_output_flags[tensor] = 1
     sliced = _SlicedTest(ids, cut_ids)
     # A cut is computed whole on every rank, so whatever it is computed from must be whole.
     # One walk back from every cut at once (the union is what counts) finds what is not: the
