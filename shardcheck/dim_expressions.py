@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 
 from shardcheck.graph import Dim
@@ -23,6 +24,21 @@ def always_one(dim: Dim) -> bool:
     if isinstance(dim, str):
         return _always_one(dim)
     return dim == 1
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def mentions(dim: Dim, symbol: str) -> bool:
+    """Whether ``dim`` is ``symbol`` or an expression naming it (``2*sequence`` names
+    ``sequence``; ``sequence_pad`` does not)."""
+    if not isinstance(dim, str):
+        return False
+    if dim == symbol:
+        return True
+    if _NAME.fullmatch(symbol):
+        return symbol in _NAME.findall(dim)
+    return symbol in dim  # not a name an expression can hold: any occurrence
 
 
 @lru_cache(maxsize=256)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
 from shardcheck.detect import AttentionLayer, reaches_range
-from shardcheck.dim_expressions import always_one
-from shardcheck.graph import SHAPE_OPS, GraphIndex, Node
+from shardcheck.dim_expressions import always_one, mentions
+from shardcheck.graph import SHAPE_OPS, Dim, GraphIndex, Node
 from shardcheck.shapes import ShapeInference
 from shardcheck.tensor_ids import TensorIds
 
@@ -85,7 +85,8 @@ def find_frontier(
     for _ in range(MAX_ROUNDS):
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
-        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags)
+        cut_lengths: list[tuple[int, int]] = []
+        needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags, cut_lengths)
         needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
@@ -104,7 +105,73 @@ def find_frontier(
     region_names = set(region)
     _check_layer_insides(index, layers, sources, region_names, cut, result)
     _check_key_lengths(index, shapes, mapper, layers, sources, region_names, result)
+    _check_cut_lengths(index, shapes, layers, ids, walked, cut_lengths, seq, result)
     return result
+
+
+def _check_cut_lengths(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    ids: TensorIds,
+    region: _Region,
+    cut_lengths: list[tuple[int, int]],
+    seq: Dim | None,
+    result: Frontier,
+) -> None:
+    """A cut is computed whole on every rank, then scattered; one computed from the length of
+    another cut reads it after the scatter: a slice's length, where it needs the whole one.
+    That cut cannot move forward when it is the query side of a layer (TorchScript's GPT-Neo
+    slices its causal mask from row ``len(K) - len(Q)``), so no exact cut is left. The gathered
+    K and V are whole when read, and a length that the sequence does not reach (a batch or a
+    head size) is harmless."""
+    gathered = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
+    warned: set[int] = set()
+    for read, shape_output in sorted(set(cut_lengths)):
+        if read in warned or ids.names[read] in gathered:
+            continue
+        sized = _cut_sized_by(index, shapes, region, ids.names[shape_output], seq)
+        if sized is None:
+            continue
+        warned.add(read)
+        shape_node = index.nodes[ids.producer[shape_output]]
+        result.warnings.append(
+            f"no exact cut at {sized}: it is computed whole and scattered, but "
+            f"{shape_node.label} gives it the length of {ids.names[read]}, which each rank "
+            "holds a slice of; CP may not be exact"
+        )
+
+
+def _cut_sized_by(
+    index: GraphIndex, shapes: ShapeInference, region: _Region, length: str, seq: Dim | None
+) -> str | None:
+    """The first cut that ``length`` (a Shape's output) sizes along a path the sequence length
+    may take: forward through tensors off the region, leaving those whose value is known and
+    holds no ``seq``."""
+    cut, tensors = region.cut, region.tensors
+    queue = deque([length])
+    seen = {length}
+    while queue:
+        tensor = queue.popleft()
+        for consumer in index.consumers_of(tensor):
+            for output in consumer.outputs:
+                if not output or output in seen:
+                    continue
+                seen.add(output)
+                if output in cut:
+                    return output
+                if output in tensors or _without_sequence(shapes.value(output), seq):
+                    continue
+                queue.append(output)
+    return None
+
+
+def _without_sequence(value: tuple[Dim, ...] | None, seq: Dim | None) -> bool:
+    """Whether a shape-like value is known and none of its dims is, or is computed from, the
+    sequence length ``seq``."""
+    if value is None or not isinstance(seq, str):
+        return False
+    return all(dim is not None and not mentions(dim, seq) for dim in value)
 
 
 def _check_layer_insides(
@@ -568,10 +635,14 @@ def _must_be_whole(
     region: _Region,
     forward_nodes: set[int],
     layer_output_flags: bytearray,
+    cut_lengths: list[tuple[int, int]] | None = None,
 ) -> set[str]:
     """Region tensors and cuts that a cut tensor is computed from (through data, or a region
     tensor's length via Shape), and data cuts that nodes read outside the region (its nodes,
-    and ``forward_nodes``, those after the layers): all must be computed whole."""
+    and ``forward_nodes``, those after the layers): all must be computed whole.
+
+    ``cut_lengths`` gets each cut whose length a cut is computed from, with the Shape's output
+    (as ids): if the former cannot move, no cut is exact (_check_cut_lengths)."""
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
@@ -606,6 +677,8 @@ def _must_be_whole(
             if read < 0:  # a graph input or a weight
                 continue
             if sliced(read):
+                if is_cut[read] and cut_lengths is not None:
+                    cut_lengths.append((read, current))
                 if in_region[read]:
                     needed.add(names[read])
                 else:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardcheck.dim_expressions import always_one
+from shardcheck.dim_expressions import always_one, mentions
+from shardcheck.graph import Dim
 
 
 @pytest.mark.parametrize(
@@ -52,3 +53,23 @@ def test_dims_that_are_one_at_every_size(dim: object) -> None:
 )
 def test_dims_that_are_not_one_or_cannot_be_read(dim: object) -> None:
     assert not always_one(dim)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dim", "symbol", "named"),
+    [
+        ("sequence", "sequence", True),
+        ("2*sequence - 1", "sequence", True),
+        ("Max(0, 1 - sequence)", "sequence", True),
+        ("sequence_padded", "sequence", False),
+        ("s10", "s1", False),
+        ("s1 + s10", "s1", True),
+        ("batch", "sequence", False),
+        (8, "sequence", False),
+        (None, "sequence", False),
+        ("seq-len", "seq-len", True),  # not a name: matched as it stands
+        ("2*(seq-len)", "seq-len", True),
+    ],
+)
+def test_a_dim_mentions_a_symbol_as_a_whole_name(dim: Dim, symbol: str, named: bool) -> None:
+    assert mentions(dim, symbol) is named

@@ -15,10 +15,12 @@ from shardcheck.axes import AxisMapper, _blocks
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.frontier import (
     SHAPE_OPS,
+    Frontier,
     _must_be_whole,
     _Region,
     _ShapeSources,
     _SlicedTest,
+    _without_sequence,
     data_derived,
     find_frontier,
 )
@@ -57,16 +59,30 @@ def _attention_whose_output_also_feeds_a_position_wise_op() -> onnx.ModelProto:
     return model
 
 
-def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_once() -> None:
-    index = GraphIndex(_attention_whose_output_also_feeds_a_position_wise_op())
+def _frontier_of(model: onnx.ModelProto) -> tuple[GraphIndex, Frontier]:
+    index = GraphIndex(model)
     shapes = ShapeInference(index)
-    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    return index, find_frontier(index, shapes, detect_attention(index, shapes))
+
+
+def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_once() -> None:
+    _, frontier = _frontier_of(_attention_whose_output_also_feeds_a_position_wise_op())
     assert [(t.name, t.axis) for t in frontier.outputs] == [("out", 1), ("activated", 1)]
     about_out = [w for w in frontier.warnings if w.startswith("out is gathered")]
     assert about_out == [
         "out is gathered (a graph output) but also feeds position-wise ops, which would then "
         "get the whole sequence; CP may not be exact"
     ]
+
+
+def _simulation_is_exact(
+    model: onnx.ModelProto, index: GraphIndex, tmp_path: Path, ranks: int = 2
+) -> bool:
+    """Whether CP on ``ranks`` ranks with gen's default hints matches one device."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    hints = generate(index, GenOptions()).hints
+    return simulate(path, hints, ranks=ranks, seq_len=8).ok
 
 
 def _scores_reshaped_with_the_length_of(
@@ -119,9 +135,7 @@ def test_scores_sized_by_the_length_of_k_before_its_gather_are_warned_of(
     length_of: str, axis: int, warned: bool, tmp_path: Path
 ) -> None:
     model = _scores_reshaped_with_the_length_of(length_of, axis)
-    index = GraphIndex(model)
-    shapes = ShapeInference(index)
-    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    index, frontier = _frontier_of(model)
     warning = (
         "no exact cut inside layer scores: reshape_scores is sized along the keys by the length "
         "of k, which each rank holds a slice of before K and V are gathered; CP may not be exact"
@@ -129,10 +143,7 @@ def test_scores_sized_by_the_length_of_k_before_its_gather_are_warned_of(
     assert (warning in frontier.warnings) is warned, frontier.warnings
     # The simulation agrees: K's local length makes the reshape fail on every rank; the
     # length of the K the layer gathers (k_t) is the whole one.
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    hints = generate(index, GenOptions()).hints
-    assert simulate(path, hints, ranks=2, seq_len=8).ok is not warned
+    assert _simulation_is_exact(model, index, tmp_path) is not warned
 
 
 @pytest.mark.parametrize(
@@ -148,17 +159,98 @@ def test_scores_sized_by_the_length_of_a_tensor_off_the_region_are_warned_of(
     length_of: str, axis: int, queries_of: str, held: str, tmp_path: Path
 ) -> None:
     model = _scores_reshaped_with_the_length_of(length_of, axis, queries_of=queries_of)
-    index = GraphIndex(model)
-    shapes = ShapeInference(index)
-    frontier = find_frontier(index, shapes, detect_attention(index, shapes))
+    index, frontier = _frontier_of(model)
     assert (
         f"no exact cut inside layer scores: reshape_scores is sized by the length of {held}; "
         "CP may not be exact"
     ) in frontier.warnings, frontier.warnings
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    hints = generate(index, GenOptions()).hints
-    assert not simulate(path, hints, ranks=2, seq_len=8).ok
+    assert not _simulation_is_exact(model, index, tmp_path)
+
+
+def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
+    """A layer whose mask rows are sliced from a constant local-window mask (1 where a query
+    sees a key) from row ``len(keys) - len(queries)`` to ``len(keys)``, as TorchScript's
+    GPT-Neo does: the keys' length is read from the K the layer gathers (k_t), the queries'
+    from ``queries_of`` (q: its query length; k_t: its key length, so the first row is 0)."""
+    weights = [
+        oh.make_tensor(
+            name, TensorProto.FLOAT, [8, 8], [0.05 * ((i * j) % 7 - 3) for i in range(64)]
+        )
+        for j, name in ((3, "wq"), (4, "wk"), (5, "wv"))
+    ]
+    window = [1.0 if 0 <= r - c < 3 else 0.0 for r in range(16) for c in range(16)]
+    constants = [
+        *(oh.make_tensor(f"i{n}", TensorProto.INT64, [1], [n]) for n in (0, 1, 2)),
+        oh.make_tensor("window", TensorProto.FLOAT, [16, 16], window),
+        oh.make_tensor("masked_out", TensorProto.FLOAT, [], [-1e4]),
+    ]
+    query_axis = "i2" if queries_of == "k_t" else "i1"
+    nodes = [
+        oh.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        oh.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        oh.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+        oh.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "k_t"], ["scores"], name="scores"),
+        oh.make_node("Shape", ["k_t"], ["key_shape"], name="key_shape"),
+        oh.make_node("Gather", ["key_shape", "i2"], ["keys"], name="keys", axis=0),
+        oh.make_node("Shape", [queries_of], ["query_shape"], name="query_shape"),
+        oh.make_node("Gather", ["query_shape", query_axis], ["queries"], name="queries", axis=0),
+        oh.make_node("Sub", ["keys", "queries"], ["first_row"], name="first_row"),
+        oh.make_node("Slice", ["window", "first_row", "keys", "i0"], ["rows"], name="rows"),
+        oh.make_node("Slice", ["rows", "i0", "keys", "i1"], ["mask"], name="mask"),
+        oh.make_node("Cast", ["mask"], ["seen"], name="seen", to=TensorProto.BOOL),
+        oh.make_node("Where", ["seen", "scores", "masked_out"], ["masked"], name="masked"),
+        oh.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "window_mask",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *constants],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("queries_of", "warned"), [("q", True), ("k_t", False)])
+def test_a_cut_computed_from_the_length_of_a_scattered_q_is_warned_of(
+    queries_of: str, warned: bool, tmp_path: Path
+) -> None:
+    # The mask is computed whole and scattered along its rows. Q is scattered too (it is
+    # read whole by nothing else), so the Shape reads each rank's slice of it: the rows start
+    # at len(keys) - len(local queries) on every rank. K is gathered: its length is whole.
+    model = _window_mask_sliced_from_row(queries_of)
+    index, frontier = _frontier_of(model)
+    assert ("seen", 0) in {(t.name, t.axis) for t in frontier.inputs}
+    warning = (
+        "no exact cut at seen: it is computed whole and scattered, but query_shape gives it the "
+        "length of q, which each rank holds a slice of; CP may not be exact"
+    )
+    assert (warning in frontier.warnings) is warned, frontier.warnings
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks) is not warned
+
+
+@pytest.mark.parametrize(
+    ("value", "without"),
+    [
+        (("batch",), True),
+        ((4, "batch"), True),
+        ((SEQ,), False),
+        ((f"2*{SEQ}",), False),
+        ((f"{SEQ}_padded",), True),
+        ((None,), False),
+        (None, False),
+    ],
+)
+def test_a_length_holds_the_sequence_unless_its_value_shows_otherwise(
+    value: tuple[Dim, ...] | None, without: bool
+) -> None:
+    assert _without_sequence(value, SEQ) is without
+    assert not _without_sequence(value, None)  # the sequence dim unknown: it may be anywhere
 
 
 def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
