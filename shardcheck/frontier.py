@@ -80,6 +80,7 @@ def find_frontier(
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
     ids = TensorIds(index)
     layer_output_flags = ids.flags(layer_outputs)
+    inside_layers = {node for layer in layers for node in layer.internal}
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
@@ -91,7 +92,11 @@ def find_frontier(
         needed -= whole
         masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
         if not needed and not masks:
-            break
+            # Checked last, once the rest holds (it reads every node): a region tensor read
+            # by an op that mixes positions along its axis, beside the walk.
+            needed = _read_by_mixing(index, mapper, walked, inside_layers) - whole
+            if not needed:
+                break
         whole |= needed
         seeds.extend(masks)
     order = _GraphOrder(index)
@@ -99,7 +104,7 @@ def find_frontier(
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
-    gathered, _ = _walk_forward(index, mapper, layers, result, sources, set(region))
+    gathered = _gathered(index, mapper, layers, result, sources, set(region), walked.cut_ids)
     result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
     region_names = set(region)
@@ -107,6 +112,42 @@ def find_frontier(
     _check_key_lengths(index, shapes, mapper, layers, sources, region_names, result)
     _check_cut_lengths(index, shapes, layers, ids, walked, cut_lengths, seq, result)
     return result
+
+
+def _gathered(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    layers: list[AttentionLayer],
+    result: Frontier,
+    sources: _ShapeSources,
+    region: set[str],
+    cut: list[int],
+) -> dict[str, int]:
+    """The tensors to gather (with their axes), and the warnings of the walk forward.
+
+    A node that also reads a tensor every rank holds whole gets the gathered tensor. Which
+    tensors those are depends on the gathers (what follows one is whole), so the walk takes
+    every other input it reads for a slice; an input it did not reach that is computed from
+    no slice once its gathers are known (and those of the layers' K and V) forces the node to
+    take the gathered tensor, and the walk repeats until no more nodes are forced."""
+    ids = sources.ids
+    kv = [ids.id[name] for layer in layers for name in (layer.gathered_k, layer.gathered_v)]
+    forced: set[int] = set()
+    for _ in range(MAX_ROUNDS):
+        reads_whole = _WholeReads(sources.derived, forced)
+        walk = Frontier()
+        gathered, _ = _walk_forward(index, mapper, layers, walk, sources, region, reads_whole)
+        reached = reads_whole.reached
+        unsettled = [(node, name) for node, name in reads_whole.pending if name not in reached]
+        if not unsettled:
+            break
+        sliced = _SlicedTest(ids, cut, whole=[*kv, *(ids.id[name] for name in gathered)])
+        more = {node for node, name in unsettled if not sliced(ids.id[name])}
+        if more <= forced:
+            break
+        forced |= more
+    result.warnings.extend(walk.warnings)
+    return gathered
 
 
 def _check_cut_lengths(
@@ -708,6 +749,56 @@ def _must_be_whole(
     return needed
 
 
+def _read_by_mixing(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    region: _Region,
+    inside_layers: set[int],
+) -> set[str]:
+    """Region tensors (other than cuts) from which the nodes beside the walk compute, through
+    ops that map the axis, an input of an op that mixes positions along it (ConvBERT
+    transposes each layer's input and convolves it over the sequence): they must be whole.
+    What beside the walk only maps the axis (a parallel MLP, say) reads the slice as it is."""
+    needed: set[str] = set()
+    tensors, cut, region_nodes = region.tensors, region.cut, region.nodes
+
+    def beside(node: Node) -> bool:
+        return (
+            node.index not in region_nodes
+            and node.index not in inside_layers
+            and node.op_type not in SHAPE_OPS
+        )
+
+    # (a node beside the walk, the tensor it reads, that tensor's axis, the region tensor it
+    # is computed from). Few nodes are beside the walk: one pass finds those reading it.
+    queue = deque(
+        (node, name, tensors[name], name)
+        for node in index.nodes
+        if beside(node)
+        for name in node.inputs
+        if name in tensors and name not in cut
+    )
+    seen: set[str] = set()
+    while queue:
+        node, tensor, axis, origin = queue.popleft()
+        if origin in needed:
+            continue
+        out_axis = mapper.output_axis(node, tensor, axis)
+        if out_axis is None:
+            needed.add(origin)
+            continue
+        output = node.outputs[0]
+        if not output or output in tensors or output in seen:
+            continue
+        seen.add(output)
+        queue.extend(
+            (consumer, output, out_axis, origin)
+            for consumer in index.consumers_of(output)
+            if beside(consumer)
+        )
+    return needed
+
+
 # The sliced test's answers, by tensor id (0: not known yet).
 _WHOLE, _SLICED = 1, 2
 
@@ -717,9 +808,13 @@ class _SlicedTest:
     slice of, or derived from a slice). Asked of few tensors, so answered walking back from
     them, memoised, rather than by following every cut forward through the whole graph."""
 
-    def __init__(self, ids: TensorIds, cut: Iterable[int]) -> None:
+    def __init__(self, ids: TensorIds, cut: Iterable[int], whole: Iterable[int] = ()) -> None:
         self.parents = ids.parents
         self.memo = bytearray(len(ids.names))
+        # ``whole``: what each rank holds whole although computed from a slice (a gathered
+        # tensor); what is computed from it alone is whole too.
+        for tensor in whole:
+            self.memo[tensor] = _WHOLE
         for tensor in cut:
             self.memo[tensor] = _SLICED
 
@@ -789,8 +884,13 @@ def _walk_forward(
     result: Frontier,
     sources: _ShapeSources | None = None,
     region: set[str] | None = None,
+    reads_whole: _WholeReads | None = None,
 ) -> tuple[dict[str, int], set[int]]:
-    """The tensors to gather, and the position-wise nodes after the attention layers."""
+    """The tensors to gather, and the position-wise nodes after the attention layers.
+
+    With ``reads_whole``, a node that also reads a tensor every rank holds whole along the
+    same axis (data, not a broadcast) gets the gathered tensor: ConvBERT concatenates each
+    layer's attention heads with its convolution heads, computed whole."""
     barriers = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
@@ -807,6 +907,8 @@ def _walk_forward(
     output_axis = mapper.output_axis
     # Only a node with an input computed from a Shape can be sized by a whole tensor.
     sizable = sources.sizable if sources is not None and region is not None else frozenset()
+    # A layer's inside reads its masks whole along the keys: the walk back placed its cuts.
+    inside_layers = {node for layer in layers for node in layer.internal} if reads_whole else set()
     while queue:
         tensor, axis = queue.popleft()
         if tensor in seen or tensor in barriers:
@@ -822,10 +924,15 @@ def _walk_forward(
                 continue
             users += 1
             out_axis = output_axis(consumer, tensor, axis)
-            if (
-                out_axis is not None
-                and consumer_index in sizable
-                and _sized_by_whole(consumer, sources, region, seen)  # type: ignore[arg-type]
+            if out_axis is not None and (
+                (
+                    consumer_index in sizable and _sized_by_whole(consumer, sources, region, seen)  # type: ignore[arg-type]
+                )
+                or (
+                    reads_whole is not None
+                    and consumer_index not in inside_layers
+                    and reads_whole(consumer, tensor, out_axis, mapper, region, seen)  # type: ignore[arg-type]
+                )
             ):
                 out_axis = None
             if out_axis is None:
@@ -842,6 +949,47 @@ def _walk_forward(
                 "then get the whole sequence; CP may not be exact"
             )
     return outputs, nodes
+
+
+class _WholeReads:
+    """Whether a node reached by the walk forward from ``tensor`` reads along ``out_axis``
+    another tensor that every rank holds whole: one of ``forced``. Meanwhile the other data
+    inputs it reads along the axis that the walks have not found to be slices are kept
+    (``pending``, with the node), for _gathered to settle once the walk has ended."""
+
+    def __init__(self, derived: set[str], forced: set[int]) -> None:
+        self.derived = derived
+        self.forced = forced
+        self.pending: list[tuple[int, str]] = []
+        self.reached: set[str] = set()  # what the walk reached (the same set at every call)
+
+    def __call__(
+        self,
+        node: Node,
+        tensor: str,
+        out_axis: int,
+        mapper: AxisMapper,
+        region: set[str],
+        seen: set[str],
+    ) -> bool:
+        if node.index in self.forced:
+            return True
+        inputs = node.inputs
+        if len(inputs) < 2:
+            return False
+        self.reached = seen
+        # The region's tensors and what the walk reached are slices: most nodes read no
+        # other data, and the mapper is not asked.
+        derived = self.derived
+        others = [
+            name
+            for name in inputs
+            if name in derived and name != tensor and name not in region and name not in seen
+        ]
+        if others:
+            along = {name for name, _ in mapper.input_axes(node, out_axis) or ()}
+            self.pending.extend((node.index, name) for name in others if name in along)
+        return False
 
 
 class _GraphOrder:

@@ -253,6 +253,88 @@ def test_a_length_holds_the_sequence_unless_its_value_shows_otherwise(
     assert not _without_sequence(value, None)  # the sequence dim unknown: it may be anywhere
 
 
+def _attention_beside_a_running_sum(layers: int, *, transposed: bool) -> onnx.ModelProto:
+    """``layers`` blocks, each: attention over its input h, and beside it a CumSum of h along
+    the sequence (it mixes positions, so h stays whole and Q, K and V are cut); the two are
+    concatenated, then projected back to 8 features, the next block's input. ``transposed``:
+    the sum is taken over a transposed copy of h and transposed back (as ConvBERT convolves
+    its input)."""
+    nodes: list[onnx.NodeProto] = []
+    initializers = [
+        oh.make_tensor("seq_axis", TensorProto.INT64, [], [1]),
+        oh.make_tensor("last_axis", TensorProto.INT64, [], [2]),
+    ]
+    h = "x"
+    for n in range(layers):
+        for j, w in enumerate(("wq", "wk", "wv")):
+            values = [0.05 * ((i * (j + 3 + n)) % 7 - 3) for i in range(64)]
+            initializers.append(oh.make_tensor(f"{w}{n}", TensorProto.FLOAT, [8, 8], values))
+        out = [0.04 * ((i * (n + 2)) % 5 - 2) for i in range(128)]
+        initializers.append(oh.make_tensor(f"wo{n}", TensorProto.FLOAT, [16, 8], out))
+        nodes += [
+            oh.make_node("MatMul", [h, f"wq{n}"], [f"q{n}"], name=f"q_proj{n}"),
+            oh.make_node("MatMul", [h, f"wk{n}"], [f"k{n}"], name=f"k_proj{n}"),
+            oh.make_node("MatMul", [h, f"wv{n}"], [f"v{n}"], name=f"v_proj{n}"),
+            oh.make_node("Transpose", [f"k{n}"], [f"k_t{n}"], name=f"k_t{n}", perm=[0, 2, 1]),
+            oh.make_node("MatMul", [f"q{n}", f"k_t{n}"], [f"scores{n}"], name=f"scores{n}"),
+            oh.make_node("Softmax", [f"scores{n}"], [f"probs{n}"], name=f"softmax{n}", axis=-1),
+            oh.make_node("MatMul", [f"probs{n}", f"v{n}"], [f"context{n}"], name=f"context{n}"),
+            *(
+                [
+                    oh.make_node("Transpose", [h], [f"h_t{n}"], name=f"h_t{n}", perm=[0, 2, 1]),
+                    oh.make_node("CumSum", [f"h_t{n}", "last_axis"], [f"sum_t{n}"], name=f"sum{n}"),
+                    oh.make_node(
+                        "Transpose",
+                        [f"sum_t{n}"],
+                        [f"running{n}"],
+                        name=f"running{n}",
+                        perm=[0, 2, 1],
+                    ),
+                ]
+                if transposed
+                else [oh.make_node("CumSum", [h, "seq_axis"], [f"running{n}"], name=f"running{n}")]
+            ),
+            oh.make_node(
+                "Concat", [f"context{n}", f"running{n}"], [f"joined{n}"], name=f"join{n}", axis=2
+            ),
+            oh.make_node("MatMul", [f"joined{n}", f"wo{n}"], [f"h{n + 1}"], name=f"out{n}"),
+        ]
+        h = f"h{n + 1}"
+    graph = oh.make_graph(
+        nodes,
+        "beside_a_running_sum",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [oh.make_tensor_value_info(h, TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=initializers,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("layers", "transposed"), [(1, False), (2, False), (2, True)])
+def test_an_output_joined_with_a_tensor_every_rank_holds_whole_is_gathered_before(
+    layers: int, transposed: bool, tmp_path: Path
+) -> None:
+    # Each attention output is gathered before the Concat that joins it to the running sum,
+    # which every rank computes whole: joined after it, a slice would meet the whole length.
+    # With two blocks, the second block's input is read by the sum (directly, or through a
+    # Transpose beside the walk): it must be whole, so the second block's Q, K and V are cut;
+    # and its sum is whole because the first block's output was gathered, which only a second
+    # walk forward, knowing that gather, can tell.
+    model = _attention_beside_a_running_sum(layers, transposed=transposed)
+    index, frontier = _frontier_of(model)
+    assert [(t.name, t.axis) for t in frontier.inputs] == [
+        (f"{p}{n}", 1) for n in range(layers) for p in "qkv"
+    ]
+    assert [(t.name, t.axis) for t in frontier.outputs] == [
+        (f"context{n}", 1) for n in range(layers)
+    ]
+    assert frontier.warnings == []
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
     """The definition, computed the direct way: everything reached from a cut through data."""
     sliced = set(cut)
