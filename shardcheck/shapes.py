@@ -14,6 +14,7 @@ less.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -111,6 +112,34 @@ def _quotient(whole: Size, part: Size) -> Size | None:
     if part[0] == 0 or whole[0] % part[0]:
         return None
     return whole[0] // part[0], tuple(remaining)
+
+
+def _window_count(size: Dim, extra: int, stride: int) -> Dim:
+    """How many windows a convolution fits along a dim: ``(size + extra) // stride + 1``
+    (``extra``: the padding less the window's span). A symbolic dim gives an expression over
+    it (audio encoders' strided convolutions over the samples), a product of symbols none."""
+    if isinstance(size, int):
+        return (size + extra) // stride + 1
+    if size is None or "*" in size or stride < 1:
+        return None
+    if stride == 1:
+        return _shifted(size, extra + 1)
+    return f"({_shifted(size, extra)})//{stride} + 1"
+
+
+_TRAILING_TERM = re.compile(r"^(.+) ([+-]) (\d+)$")
+
+
+def _shifted(dim: str, shift: int) -> str:
+    """The symbolic ``dim`` plus ``shift``, a trailing integer term folded in, so that equal
+    sizes are written alike: ``s + 1`` shifted by -1 is ``s``."""
+    if not shift:
+        return dim
+    match = _TRAILING_TERM.match(dim)
+    if match is not None:
+        base, sign, number = match.groups()
+        return _shifted(base, shift + (int(number) if sign == "+" else -int(number)))
+    return f"{dim} {'+' if shift > 0 else '-'} {abs(shift)}"
 
 
 def _dim_of(size: Size | None) -> Dim:
@@ -518,14 +547,17 @@ class ShapeInference:
         strides = node.attr("strides") or [1] * spatial
         dilations = node.attr("dilations") or [1] * spatial
         pads = node.attr("pads") or [0] * (2 * spatial)
+        auto_pad = node.attr("auto_pad", b"NOTSET")
         dims: list[Dim] = [shape[0], weight[0]]
         for axis in range(spatial):
             size = shape[2 + axis]
-            if not isinstance(size, int) or not isinstance(kernel[axis], int):
+            if not isinstance(kernel[axis], int) or auto_pad not in (b"NOTSET", b"VALID"):
                 dims.append(None)
                 continue
             span = dilations[axis] * (kernel[axis] - 1) + 1
-            dims.append((size + pads[axis] + pads[axis + spatial] - span) // strides[axis] + 1)
+            dims.append(
+                _window_count(size, pads[axis] + pads[axis + spatial] - span, strides[axis])
+            )
         return [TensorInfo(tuple(dims))]
 
     def _fill_value(self, node: Node) -> list[int] | None:
@@ -696,8 +728,12 @@ def _slice_length(dim: Dim, start: Dim, end: Dim, step: Dim) -> Dim:
         return dim
     if isinstance(dim, int) and isinstance(end, int):
         return len(range(*slice(start, end, step).indices(dim)))
-    if isinstance(dim, str) and isinstance(end, int) and end >= 2**31 - 1 and step == 1:
-        return dim if start == 0 else None
+    if isinstance(dim, str) and "*" not in dim and step == 1 and isinstance(end, int):
+        # x[k:] and x[:-k] of a symbolic length (a convolution's padding trimmed, say).
+        if end >= 2**31 - 1 and start >= 0:
+            return _shifted(dim, -start)
+        if start == 0 and end < 0:
+            return _shifted(dim, end)
     return None
 
 

@@ -106,3 +106,76 @@ def test_a_computed_tensor_is_not_taken_for_a_constant_of_the_same_value() -> No
         [numpy_helper.from_array(np.array([1], np.int64), "c"), shape_of_c], ["c", "s"]
     )
     assert shapes == {"y0": (2, 1, 3), "y1": None}
+
+
+# --------------------------------------------------------------------------- symbolic lengths
+
+
+def _strided_front_end() -> onnx.ModelProto:
+    """An audio encoder's front end over ``samples``: two strided convolutions, then a
+    padded one whose even kernel gives one window too many, trimmed by a Slice (x[..., :-1]),
+    then a Slice dropping the first two frames (x[..., 2:])."""
+    rng = np.random.default_rng(7)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in (("w1", (4, 1, 10)), ("w2", (4, 4, 3)), ("w3", (4, 4, 16)))
+    ]
+    ints = [
+        numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+        for name, values in (
+            ("zero", [0]),
+            ("minus_one", [-1]),
+            ("two", [2]),
+            ("end", [2**62]),
+            ("last", [2]),
+        )
+    ]
+    nodes = [
+        oh.make_node("Conv", ["x", "w1"], ["c1"], strides=[5]),
+        oh.make_node("Conv", ["c1", "w2"], ["c2"], strides=[2]),
+        oh.make_node("Conv", ["c2", "w3"], ["c3"], pads=[8, 8]),
+        oh.make_node("Slice", ["c3", "zero", "minus_one", "last"], ["trimmed"]),
+        oh.make_node("Slice", ["trimmed", "two", "end", "last"], ["late"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "front_end",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 1, "samples"])],
+        [oh.make_tensor_value_info("late", onnx.TensorProto.FLOAT, None)],
+        initializer=[*weights, *ints],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_strided_convolutions_and_trims_keep_the_length_symbolic() -> None:
+    import onnxruntime
+
+    model = _strided_front_end()
+    shapes = ShapeInference(GraphIndex(model))
+    names = ["c1", "c2", "c3", "trimmed", "late"]
+    lengths = {name: shapes.shape(name)[2] for name in names}  # type: ignore[index]
+    assert lengths == {
+        "c1": "(samples - 10)//5 + 1",
+        "c2": "((samples - 10)//5 - 2)//2 + 1",
+        # The padding less the span is +1 at stride 1: one window more; the trim folds it back.
+        "c3": "((samples - 10)//5 - 2)//2 + 2",
+        "trimmed": "((samples - 10)//5 - 2)//2 + 1",
+        "late": "((samples - 10)//5 - 2)//2 - 1",
+    }
+    # onnxruntime agrees at several lengths (every tensor exposed as an output).
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(oh.make_empty_tensor_value_info(name) for name in names)
+    session = onnxruntime.InferenceSession(
+        exposed.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(0)
+    for samples in (100, 333, 650):
+        feeds = {"x": rng.standard_normal((1, 1, samples)).astype(np.float32)}
+        for name, value in zip(names, session.run(names, feeds), strict=True):
+            # The expressions hold only names, integers, +, - and //.
+            expected = eval(lengths[name], {"__builtins__": {}}, {"samples": samples})
+            assert value.shape[2] == expected, (name, samples)
