@@ -166,8 +166,9 @@ class RuntimeCheck:
                 "SC001",
                 ERROR,
                 "model",
-                f"the model does not run in onnxruntime with {chosen} (node {node}): "
-                f"{_short(message)}",
+                f"the model does not run in onnxruntime with {chosen} (node {node}); if it "
+                "needs other sizes (an audio encoder's convolutions need hundreds of samples), "
+                f"give them with --seq-lens and --dim. onnxruntime: {_short(message)}",
                 tensor=node,
                 expected="runs",
                 observed="fails",

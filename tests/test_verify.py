@@ -387,6 +387,7 @@ def test_polygraphy_example_that_fails_at_a_dim_of_2_is_reported_not_crashed(
         "SC001 error: the model does not run in onnxruntime with sequence_len=2, batch=8"
         in result.stdout
     )
+    assert "give them with --seq-lens and --dim" in result.stdout
     assert "MatMul" in result.stdout and "Traceback" not in result.output
 
 
