@@ -64,10 +64,13 @@ def _broadcast(shapes: Sequence[Shape]) -> Shape | None:
     result: list[Dim] = []
     for axis in range(rank):
         dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
-        known = [d for d in dims if d != 1]
-        if not known:
+        if all(d == 1 for d in dims):
             result.append(1)
-        elif any(d is None for d in known):
+            continue
+        # An unknown dim beside a known one other than 1 is 1 or equal to it: either way the
+        # result is the known one.
+        known = [d for d in dims if d != 1 and d is not None]
+        if not known:
             result.append(None)
         elif len(set(known)) == 1:
             result.append(known[0])
@@ -600,9 +603,13 @@ class ShapeInference:
         ends = self._in(node, 2).value
         axes = self._constant_ints(node.inputs[3]) if len(node.inputs) > 3 else None
         steps = self._constant_ints(node.inputs[4]) if len(node.inputs) > 4 else None
-        if starts is None or ends is None:
-            return TensorInfo(None)
         rank = len(shape)
+        if starts is None or ends is None:
+            # A Slice keeps the rank, and the dims of the axes it does not slice.
+            if axes is None:
+                return TensorInfo((None,) * rank)
+            unknown = {axis % rank for axis in axes if -rank <= axis < rank}
+            return TensorInfo(tuple(None if i in unknown else d for i, d in enumerate(shape)))
         axes = axes if axes is not None else list(range(len(starts)))
         steps = steps if steps is not None else [1] * len(starts)
         dims = list(shape)
@@ -720,6 +727,8 @@ def _matmul(a: Shape, b: Shape) -> Shape | None:
 
 
 def _slice_length(dim: Dim, start: Dim, end: Dim, step: Dim) -> Dim:
+    if step == 1 and start == f"-{dim}" and isinstance(end, int) and end >= 2**31 - 1:
+        return dim  # x[-n:] of a length n
     if not isinstance(start, int) or not isinstance(step, int):
         return None
     if step == 1 and start == 0 and isinstance(end, str):
@@ -751,6 +760,8 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
         return first
     if op == "Where":
         return _where_value(*values)
+    if op == "Neg":
+        return None if first is None else tuple(_negated(dim) for dim in first)
     second = values[1] if len(values) > 1 else None
     if op == "Equal" and first is not None and second is not None:
         return _equal_value(first, second)
@@ -779,6 +790,19 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
         else:
             result.append(None)
     return tuple(result)
+
+
+_NAME = re.compile(r"-?[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _negated(dim: Dim) -> Dim:
+    """``-dim`` for an integer or a plain symbol (``-sequence``, the start of x[-n:]); None
+    for an expression."""
+    if isinstance(dim, int):
+        return -dim
+    if dim is None or not _NAME.fullmatch(dim):
+        return None
+    return dim[1:] if dim.startswith("-") else f"-{dim}"
 
 
 def _align(*values: tuple[Dim, ...]) -> list[tuple[Dim, ...]] | None:

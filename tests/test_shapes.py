@@ -13,7 +13,7 @@ from onnx import numpy_helper
 
 from shardcheck.graph import GraphIndex, Shape
 from shardcheck.loader import load_index
-from shardcheck.shapes import ShapeInference, _divide, reshape_dims, size_of
+from shardcheck.shapes import ShapeInference, _broadcast, _divide, reshape_dims, size_of
 
 
 @pytest.mark.parametrize(
@@ -179,3 +179,60 @@ def test_strided_convolutions_and_trims_keep_the_length_symbolic() -> None:
             # The expressions hold only names, integers, +, - and //.
             expected = eval(lengths[name], {"__builtins__": {}}, {"samples": samples})
             assert value.shape[2] == expected, (name, samples)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "expected"),
+    [
+        # An unknown dim beside a known one other than 1 is 1 or that dim: the result is it.
+        ([("b", "s", 32), ("b", None, 1)], ("b", "s", 32)),
+        ([("b", None, 32), (1, 7, 1)], ("b", 7, 32)),
+        # Beside 1 (or alone) it stays unknown.
+        ([(None, 4), (1, 4)], (None, 4)),
+        ([(1, 1), (1, 1)], (1, 1)),
+    ],
+)
+def test_broadcasting_an_unknown_dim(shapes: list[Shape], expected: Shape) -> None:
+    assert _broadcast(shapes) == expected
+
+
+def _last_tokens(start_known: bool) -> onnx.ModelProto:
+    """ids[:, -n:] with n the length of ids itself (XLM keeps the last tokens), read through
+    Shape, Gather and Neg; or (``start_known`` False) from a start given as an input."""
+    ints = [
+        numpy_helper.from_array(np.array(value, dtype=np.int64), name)
+        for name, value in (("one", 1), ("axes", [1]), ("end", [2**62]), ("unsqueeze_axes", [0]))
+    ]
+    nodes = [
+        oh.make_node("Shape", ["ids"], ["ids_shape"]),
+        oh.make_node("Gather", ["ids_shape", "one"], ["length"], axis=0),
+        oh.make_node("Neg", ["length"], ["minus_length"]),
+        oh.make_node("Unsqueeze", ["minus_length", "unsqueeze_axes"], ["start"]),
+        oh.make_node(
+            "Slice", ["ids", "start" if start_known else "given", "end", "axes"], ["last"]
+        ),
+    ]
+    inputs = [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch", "sequence"])]
+    if not start_known:
+        inputs.append(oh.make_tensor_value_info("given", onnx.TensorProto.INT64, [1]))
+    graph = oh.make_graph(
+        nodes,
+        "last_tokens",
+        inputs,
+        [oh.make_tensor_value_info("last", onnx.TensorProto.INT64, None)],
+        initializer=ints,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_last_n_of_a_length_n_is_all_of_it() -> None:
+    shapes = ShapeInference(GraphIndex(_last_tokens(start_known=True)))
+    assert shapes.value("minus_length") == ("-sequence",)
+    assert shapes.shape("last") == ("batch", "sequence")
+
+
+def test_a_slice_from_an_unknown_start_keeps_the_rank_and_the_other_axes() -> None:
+    shapes = ShapeInference(GraphIndex(_last_tokens(start_known=False)))
+    assert shapes.shape("last") == ("batch", None)
