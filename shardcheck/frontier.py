@@ -496,8 +496,12 @@ def _whole_sized_masks(
 ) -> list[tuple[str, int]]:
     """Masks left unscattered whose query axis is sized by a whole tensor's Shape (e.g. a
     Range over the length of an unsliced input): on a rank they would keep the whole query
-    length next to sliced scores, so they are scattered along it."""
+    length next to sliced scores, so they are scattered along it. A layer's own tensors (its
+    scores) are sliced along the queries: a mask expanded to the scores' shape is local
+    (TorchScript's XLM)."""
     seeded = {tensor for tensor, _ in seeds}
+    nodes = index.nodes
+    inside = {output for layer in layers for at in layer.internal for output in nodes[at].outputs}
     found: list[tuple[str, int]] = []
     for layer in layers:
         for mask in layer.masks:
@@ -512,7 +516,9 @@ def _whole_sized_masks(
                     s for name in inputs if name not in sources.derived for s in sources.of(name)
                 }
                 positional = producer is not None and _relative_position(index, producer)
-                if positional or any(source not in region for source in sized_by):
+                if positional or any(
+                    source not in region and source not in inside for source in sized_by
+                ):
                     found.append((mask, axis))
                     seeded.add(mask)
                     break

@@ -167,17 +167,38 @@ def test_scores_sized_by_the_length_of_a_tensor_off_the_region_are_warned_of(
     assert not _simulation_is_exact(model, index, tmp_path)
 
 
+def _scores_of(
+    x: str, layer: int | None = None
+) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """Q, K and V projections of ``x`` (8 features) and the scores q @ k_t, with their
+    weights: tensors q, k, v, k_t and scores, suffixed with ``layer`` when given."""
+    n = "" if layer is None else str(layer)
+    shift = layer or 0
+    weights = [
+        oh.make_tensor(
+            f"{name}{n}",
+            TensorProto.FLOAT,
+            [8, 8],
+            [0.05 * ((i * (j + shift)) % 7 - 3) for i in range(64)],
+        )
+        for j, name in ((3, "wq"), (4, "wk"), (5, "wv"))
+    ]
+    nodes = [
+        oh.make_node("MatMul", [x, f"wq{n}"], [f"q{n}"], name=f"q_proj{n}"),
+        oh.make_node("MatMul", [x, f"wk{n}"], [f"k{n}"], name=f"k_proj{n}"),
+        oh.make_node("MatMul", [x, f"wv{n}"], [f"v{n}"], name=f"v_proj{n}"),
+        oh.make_node("Transpose", [f"k{n}"], [f"k_t{n}"], name=f"k_t{n}", perm=[0, 2, 1]),
+        oh.make_node("MatMul", [f"q{n}", f"k_t{n}"], [f"scores{n}"], name=f"scores{n}"),
+    ]
+    return weights, nodes
+
+
 def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
     """A layer whose mask rows are sliced from a constant local-window mask (1 where a query
     sees a key) from row ``len(keys) - len(queries)`` to ``len(keys)``, as TorchScript's
     GPT-Neo does: the keys' length is read from the K the layer gathers (k_t), the queries'
     from ``queries_of`` (q: its query length; k_t: its key length, so the first row is 0)."""
-    weights = [
-        oh.make_tensor(
-            name, TensorProto.FLOAT, [8, 8], [0.05 * ((i * j) % 7 - 3) for i in range(64)]
-        )
-        for j, name in ((3, "wq"), (4, "wk"), (5, "wv"))
-    ]
+    weights, scores = _scores_of("x")
     window = [1.0 if 0 <= r - c < 3 else 0.0 for r in range(16) for c in range(16)]
     constants = [
         *(oh.make_tensor(f"i{n}", TensorProto.INT64, [1], [n]) for n in (0, 1, 2)),
@@ -186,11 +207,7 @@ def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
     ]
     query_axis = "i2" if queries_of == "k_t" else "i1"
     nodes = [
-        oh.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
-        oh.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
-        oh.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
-        oh.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 2, 1]),
-        oh.make_node("MatMul", ["q", "k_t"], ["scores"], name="scores"),
+        *scores,
         oh.make_node("Shape", ["k_t"], ["key_shape"], name="key_shape"),
         oh.make_node("Gather", ["key_shape", "i2"], ["keys"], name="keys", axis=0),
         oh.make_node("Shape", [queries_of], ["query_shape"], name="query_shape"),
@@ -266,17 +283,11 @@ def _attention_beside_a_running_sum(layers: int, *, transposed: bool) -> onnx.Mo
     ]
     h = "x"
     for n in range(layers):
-        for j, w in enumerate(("wq", "wk", "wv")):
-            values = [0.05 * ((i * (j + 3 + n)) % 7 - 3) for i in range(64)]
-            initializers.append(oh.make_tensor(f"{w}{n}", TensorProto.FLOAT, [8, 8], values))
+        weights, scores = _scores_of(h, layer=n)
         out = [0.04 * ((i * (n + 2)) % 5 - 2) for i in range(128)]
-        initializers.append(oh.make_tensor(f"wo{n}", TensorProto.FLOAT, [16, 8], out))
+        initializers += [*weights, oh.make_tensor(f"wo{n}", TensorProto.FLOAT, [16, 8], out)]
         nodes += [
-            oh.make_node("MatMul", [h, f"wq{n}"], [f"q{n}"], name=f"q_proj{n}"),
-            oh.make_node("MatMul", [h, f"wk{n}"], [f"k{n}"], name=f"k_proj{n}"),
-            oh.make_node("MatMul", [h, f"wv{n}"], [f"v{n}"], name=f"v_proj{n}"),
-            oh.make_node("Transpose", [f"k{n}"], [f"k_t{n}"], name=f"k_t{n}", perm=[0, 2, 1]),
-            oh.make_node("MatMul", [f"q{n}", f"k_t{n}"], [f"scores{n}"], name=f"scores{n}"),
+            *scores,
             oh.make_node("Softmax", [f"scores{n}"], [f"probs{n}"], name=f"softmax{n}", axis=-1),
             oh.make_node("MatMul", [f"probs{n}", f"v{n}"], [f"context{n}"], name=f"context{n}"),
             *(
@@ -331,6 +342,50 @@ def test_an_output_joined_with_a_tensor_every_rank_holds_whole_is_gathered_befor
         (f"context{n}", 1) for n in range(layers)
     ]
     assert frontier.warnings == []
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
+def _padding_mask_expanded_to_the_scores() -> onnx.ModelProto:
+    """A key-padding mask made from the graph input ``keep`` ([batch, sequence]), reshaped to
+    [batch, 1, keys] and expanded to the Shape of the scores, as TorchScript's XLM does."""
+    weights, scores = _scores_of("x")
+    constants = [
+        oh.make_tensor("zero", TensorProto.INT64, [], [0]),
+        oh.make_tensor("mask_shape", TensorProto.INT64, [3], [0, 1, -1]),
+        oh.make_tensor("masked_out", TensorProto.FLOAT, [], [-1e4]),
+    ]
+    nodes = [
+        *scores,
+        oh.make_node("Equal", ["keep", "zero"], ["padded"], name="padded"),
+        oh.make_node("Reshape", ["padded", "mask_shape"], ["padded_keys"], name="padded_keys"),
+        oh.make_node("Shape", ["scores"], ["scores_shape"], name="scores_shape"),
+        oh.make_node("Expand", ["padded_keys", "scores_shape"], ["mask"], name="mask"),
+        oh.make_node("Where", ["mask", "masked_out", "scores"], ["masked"], name="masked"),
+        oh.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "expanded_mask",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8]),
+            oh.make_tensor_value_info("keep", TensorProto.INT64, ["batch", SEQ]),
+        ],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *constants],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_mask_expanded_to_the_scores_shape_is_left_to_each_rank(tmp_path: Path) -> None:
+    # The Shape of the scores gives each rank its own query length: the mask it expands to
+    # is already the rank's rows. Scattering it (it was) would cut those rows again.
+    model = _padding_mask_expanded_to_the_scores()
+    index, frontier = _frontier_of(model)
+    assert "mask" not in {t.name for t in frontier.inputs}
     for ranks in (2, 4):
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
