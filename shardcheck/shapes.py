@@ -505,6 +505,37 @@ class ShapeInference:
             return None
         return [TensorInfo(self._attention_output(node, first.shape))]  # type: ignore[arg-type]
 
+    def _pad(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        """Each padded axis grows by its pads (a symbolic length too: MobileBERT pads the
+        tokens shifted by one back to the sequence length)."""
+        shape = first.shape
+        assert shape is not None
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        rank = len(shape)
+        has = [bool(name) for name in node.inputs] + [False] * 4
+        pads = self._in(node, 1).value if has[1] else node.attr("pads")
+        axes = self._constant_ints(node.inputs[3]) if has[3] else list(range(rank))
+        if pads is None or axes is None or len(pads) != 2 * len(axes):
+            return [TensorInfo((None,) * rank)]
+        dims = list(shape)
+        for position, axis in enumerate(axes):
+            before, after = pads[position], pads[position + len(axes)]
+            if (
+                not isinstance(before, int)
+                or not isinstance(after, int)
+                or not -rank <= axis < rank
+            ):
+                return [TensorInfo((None,) * rank)]
+            dim = dims[axis % rank]
+            if isinstance(dim, int):
+                dims[axis % rank] = dim + before + after
+            else:
+                dims[axis % rank] = (
+                    None if dim is None or "*" in dim else _shifted(dim, before + after)
+                )
+        return [TensorInfo(tuple(dims))]
+
     def _conv_rule(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
         return self._conv(node, first.shape)  # type: ignore[arg-type]
 
@@ -673,6 +704,7 @@ _KNOWN_INPUT_RULES: dict[
     "GroupQueryAttention": ShapeInference._fused_attention,
     "Conv": ShapeInference._conv_rule,
     "Tile": ShapeInference._tile,
+    "Pad": ShapeInference._pad,
 }
 _RULE_OPS = ELEMENTWISE | SAME_SHAPE | _ANY_INPUT_RULES.keys() | _KNOWN_INPUT_RULES.keys()
 

@@ -390,6 +390,49 @@ def test_a_mask_expanded_to_the_scores_shape_is_left_to_each_rank(tmp_path: Path
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
 
+def _next_token_paired() -> onnx.ModelProto:
+    """Each position's features joined with the next position's (x[:, 1:] padded back to the
+    sequence length with a zero row), then projected, as MobileBERT embeds token trigrams."""
+    weights, scores = _scores_of("h")
+    constants = [
+        oh.make_tensor("one", TensorProto.INT64, [1], [1]),
+        oh.make_tensor("to_the_end", TensorProto.INT64, [1], [2**62]),
+        oh.make_tensor("pad_end", TensorProto.INT64, [6], [0, 0, 0, 0, 1, 0]),
+        oh.make_tensor(
+            "w_in", TensorProto.FLOAT, [8, 8], [0.03 * ((i * 5) % 11 - 5) for i in range(64)]
+        ),
+    ]
+    nodes = [
+        oh.make_node("Slice", ["x", "one", "to_the_end", "one"], ["next"], name="next"),
+        oh.make_node("Pad", ["next", "pad_end"], ["next_padded"], name="next_padded"),
+        oh.make_node("Concat", ["x", "next_padded"], ["pair"], name="pair", axis=2),
+        oh.make_node("MatMul", ["pair", "w_in"], ["h"], name="embed"),
+        *scores,
+        oh.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "next_token_paired",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *constants],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_features_of_the_next_position_are_joined_whole_then_scattered(tmp_path: Path) -> None:
+    # The shift mixes positions (each rank's last row needs the next rank's first): the pair
+    # is computed whole and scattered. It once lost its shape at the Pad, and with it the cut.
+    model = _next_token_paired()
+    index, frontier = _frontier_of(model)
+    assert [(t.name, t.axis, t.rank) for t in frontier.inputs] == [("pair", 1, 3)]
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 def _sliced_by_following_every_cut_forward(index: GraphIndex, cut: set[str]) -> set[str]:
     """The definition, computed the direct way: everything reached from a cut through data."""
     sliced = set(cut)

@@ -236,3 +236,40 @@ def test_the_last_n_of_a_length_n_is_all_of_it() -> None:
 def test_a_slice_from_an_unknown_start_keeps_the_rank_and_the_other_axes() -> None:
     shapes = ShapeInference(GraphIndex(_last_tokens(start_known=False)))
     assert shapes.shape("last") == ("batch", None)
+
+
+@pytest.mark.parametrize(
+    ("pads", "axes", "expected"),
+    [
+        ([0, 0, 0, 0, 1, 0], None, ("batch", "sequence", 4)),  # x[:, 1:] padded back
+        ([0, 2, 1, 0, 3, 0], None, ("batch", "sequence + 4", 5)),
+        ([1, 1], [2], ("batch", "sequence - 1", 6)),  # opset 18: pads of the axes given
+    ],
+)
+def test_pad_grows_each_axis_by_its_pads(
+    pads: list[int], axes: list[int] | None, expected: Shape
+) -> None:
+    ints = [
+        numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+        for name, values in (("one", [1]), ("to_the_end", [2**62]), ("pads", pads))
+    ]
+    pad_inputs = ["next", "pads"]
+    if axes is not None:
+        ints.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), "axes"))
+        pad_inputs += ["", "axes"]
+    nodes = [
+        oh.make_node("Slice", ["x", "one", "to_the_end", "one"], ["next"]),
+        oh.make_node("Pad", pad_inputs, ["padded"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "pad",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "sequence", 4])],
+        [oh.make_tensor_value_info("padded", onnx.TensorProto.FLOAT, None)],
+        initializer=ints,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model.ir_version = 8
+    shapes = ShapeInference(GraphIndex(model))
+    assert shapes.shape("next") == ("batch", "sequence - 1", 4)
+    assert shapes.shape("padded") == expected
