@@ -176,6 +176,14 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             warnings.extend(f"{index.source}: {w}" for w in frontier.warnings)
             inputs = tuple(ShardTensor(t.name, t.axis, t.rank) for t in frontier.inputs)
             outputs = tuple(ShardTensor(t.name, t.axis, t.rank) for t in frontier.outputs)
+    rankless = [t.name for t in (*inputs, *outputs) if t.rank is None]
+    if rankless:
+        warnings.append(
+            f"{index.source}: the rank of {counted(len(rankless), 'hinted tensor')} is not "
+            f"known ({'first: ' if len(rankless) > 1 else ''}{rankless[0]}): shape inference "
+            "could not follow the graph there. Sharding it ('shardcheck shard', verify "
+            "--ranks, Polygraphy) needs it: declare its shape in the model's value_info"
+        )
     hints = ShardHints(
         parallelism=options.parallelism,
         attention_layers=tuple(_layer_hint(layer.q, options) for layer in layers),

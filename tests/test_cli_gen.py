@@ -245,3 +245,45 @@ def test_a_model_path_with_a_comma_after_a_list_option_is_the_model(tmp_path: Pa
     result = run_cli("gen", "--groups", "0", "1", model, "-o", "-")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["dist_collectives"]["groups"] == [0, 1]
+
+
+def test_a_hinted_tensor_of_unknown_rank_is_warned_of(tmp_path: Path) -> None:
+    # An op of a custom domain has no shape rule: what it computes has no known rank, and the
+    # cut before the attention (its op reads x, and mixes positions as far as gen knows) is
+    # written without one.
+    from onnx import TensorProto
+    from onnx import helper as oh
+
+    weights = [
+        oh.make_tensor(name, TensorProto.FLOAT, [8, 8], [0.01 * (i % 5) for i in range(64)])
+        for name in ("wq", "wk", "wv")
+    ]
+    nodes = [
+        oh.make_node("Mystery", ["x"], ["h"], domain="example.custom"),
+        oh.make_node("MatMul", ["h", "wq"], ["q"]),
+        oh.make_node("MatMul", ["h", "wk"], ["k"]),
+        oh.make_node("MatMul", ["h", "wv"], ["v"]),
+        oh.make_node("Transpose", ["k"], ["k_t"], perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "k_t"], ["scores"]),
+        oh.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "mystery",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=weights,
+    )
+    model = oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("example.custom", 1)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "mystery.onnx"
+    path.write_bytes(model.SerializeToString())
+    result = run_cli("gen", path, "-o", tmp_path / "h.json")
+    assert result.exit_code == 0, result.stderr
+    rankless = [t["name"] for t in read_json(tmp_path / "h.json")["inputs"] if t["rank"] is None]
+    assert rankless
+    assert f"the rank of 1 hinted tensor is not known ({rankless[0]})" in result.stderr
+    assert "declare its shape in the model's value_info" in result.stderr
