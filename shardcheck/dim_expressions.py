@@ -29,6 +29,11 @@ def always_one(dim: Dim) -> bool:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def is_name(text: str) -> bool:
+    """Whether ``text`` is a plain symbol (a name an expression can hold), not an expression."""
+    return _NAME.fullmatch(text) is not None
+
+
 def mentions(dim: Dim, symbol: str) -> bool:
     """Whether ``dim`` is ``symbol`` or an expression naming it (``2*sequence`` names
     ``sequence``; ``sequence_pad`` does not)."""
@@ -36,7 +41,7 @@ def mentions(dim: Dim, symbol: str) -> bool:
         return False
     if dim == symbol:
         return True
-    if _NAME.fullmatch(symbol):
+    if is_name(symbol):
         return symbol in _NAME.findall(dim)
     return symbol in dim  # not a name an expression can hold: any occurrence
 

@@ -81,6 +81,8 @@ def find_frontier(
     ids = TensorIds(index)
     layer_output_flags = ids.flags(layer_outputs)
     inside_layers = {node for layer in layers for node in layer.internal}
+    # What the layers compute inside (their scores): sliced along the queries.
+    layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
     sources = _ShapeSources(index, ids, derived)
     back = _BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     for _ in range(MAX_ROUNDS):
@@ -90,7 +92,9 @@ def find_frontier(
         needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags, cut_lengths)
         needed |= _sized_whole(index, mapper, sources, walked)
         needed -= whole
-        masks = _whole_sized_masks(index, shapes, mapper, sources, layers, region, seeds)
+        masks = _whole_sized_masks(
+            index, shapes, mapper, sources, layers, (region, layers_own), seeds
+        )
         if not needed and not masks:
             # Checked last, once the rest holds (it reads every node): a region tensor read
             # by an op that mixes positions along its axis, beside the walk.
@@ -491,17 +495,16 @@ def _whole_sized_masks(
     mapper: AxisMapper,
     sources: _ShapeSources,
     layers: list[AttentionLayer],
-    region: dict[str, int],
+    sliced: tuple[dict[str, int], set[str]],
     seeds: list[tuple[str, int]],
 ) -> list[tuple[str, int]]:
     """Masks left unscattered whose query axis is sized by a whole tensor's Shape (e.g. a
     Range over the length of an unsliced input): on a rank they would keep the whole query
-    length next to sliced scores, so they are scattered along it. A layer's own tensors (its
-    scores) are sliced along the queries: a mask expanded to the scores' shape is local
-    (TorchScript's XLM)."""
+    length next to sliced scores, so they are scattered along it. ``sliced``: the region's
+    tensors, and the layers' own (their scores, sliced along the queries: a mask expanded to
+    the scores' shape is local, as TorchScript's XLM makes it)."""
+    region, layers_own = sliced
     seeded = {tensor for tensor, _ in seeds}
-    nodes = index.nodes
-    inside = {output for layer in layers for at in layer.internal for output in nodes[at].outputs}
     found: list[tuple[str, int]] = []
     for layer in layers:
         for mask in layer.masks:
@@ -517,7 +520,7 @@ def _whole_sized_masks(
                 }
                 positional = producer is not None and _relative_position(index, producer)
                 if positional or any(
-                    source not in region and source not in inside for source in sized_by
+                    source not in region and source not in layers_own for source in sized_by
                 ):
                     found.append((mask, axis))
                     seeded.add(mask)
@@ -905,7 +908,7 @@ def _walk_forward(
             rank = mapper.shapes.rank(layer.output)
             if rank is not None:
                 queue.append((layer.output, rank - 2))
-    seen: set[str] = set()
+    seen: set[str] = set() if reads_whole is None else reads_whole.reached
     nodes: set[int] = set()
     graph_outputs = set(index.graph_outputs)
     consumers = index.consumers
@@ -937,7 +940,7 @@ def _walk_forward(
                 or (
                     reads_whole is not None
                     and consumer_index not in inside_layers
-                    and reads_whole(consumer, tensor, out_axis, mapper, region, seen)  # type: ignore[arg-type]
+                    and reads_whole(consumer, tensor, out_axis, mapper, region)  # type: ignore[arg-type]
                 )
             ):
                 out_axis = None
@@ -967,30 +970,24 @@ class _WholeReads:
         self.derived = derived
         self.forced = forced
         self.pending: list[tuple[int, str]] = []
-        self.reached: set[str] = set()  # what the walk reached (the same set at every call)
+        # What the walk forward reached: it fills this set as it goes.
+        self.reached: set[str] = set()
 
     def __call__(
-        self,
-        node: Node,
-        tensor: str,
-        out_axis: int,
-        mapper: AxisMapper,
-        region: set[str],
-        seen: set[str],
+        self, node: Node, tensor: str, out_axis: int, mapper: AxisMapper, region: set[str]
     ) -> bool:
         if node.index in self.forced:
             return True
         inputs = node.inputs
         if len(inputs) < 2:
             return False
-        self.reached = seen
         # The region's tensors and what the walk reached are slices: most nodes read no
         # other data, and the mapper is not asked.
-        derived = self.derived
+        derived, reached = self.derived, self.reached
         others = [
             name
             for name in inputs
-            if name in derived and name != tensor and name not in region and name not in seen
+            if name in derived and name != tensor and name not in region and name not in reached
         ]
         if others:
             along = {name for name, _ in mapper.input_axes(node, out_axis) or ()}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from shardcheck import protos
+from shardcheck.dim_expressions import is_name
 from shardcheck.graph import INTEGER_TYPES, Dim, GraphIndex, Node, Shape, raw_values
 from shardcheck.protos import full_onnx
 
@@ -824,17 +825,18 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
     return tuple(result)
 
 
-_NAME = re.compile(r"-?[A-Za-z_][A-Za-z0-9_]*")
-
-
 def _negated(dim: Dim) -> Dim:
     """``-dim`` for an integer or a plain symbol (``-sequence``, the start of x[-n:]); None
     for an expression."""
     if isinstance(dim, int):
         return -dim
-    if dim is None or not _NAME.fullmatch(dim):
+    if dim is None:
         return None
-    return dim[1:] if dim.startswith("-") else f"-{dim}"
+    negative = dim.startswith("-")
+    name = dim[1:] if negative else dim
+    if not is_name(name):
+        return None
+    return name if negative else f"-{name}"
 
 
 def _align(*values: tuple[Dim, ...]) -> list[tuple[Dim, ...]] | None:
