@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from shardcheck import protos
-from shardcheck.dim_expressions import is_name
+from shardcheck.dim_expressions import MAX_EXPRESSION_CHARS, is_name
 from shardcheck.graph import INTEGER_TYPES, Dim, GraphIndex, Node, Shape, raw_values
 from shardcheck.protos import full_onnx
 
@@ -128,22 +128,27 @@ def _window_count(size: Dim, extra: int, stride: int) -> Dim:
         return None
     if stride == 1:
         return _shifted(size, extra + 1)
-    return f"({_shifted(size, extra)})//{stride} + 1"
+    inner = _shifted(size, extra)
+    return None if inner is None else f"({inner})//{stride} + 1"
 
 
 _TRAILING_TERM = re.compile(r"^(.+) ([+-]) (\d+)$")
 
 
-def _shifted(dim: str, shift: int) -> str:
+def _shifted(dim: str, shift: int) -> Dim:
     """The symbolic ``dim`` plus ``shift``, a trailing integer term folded in, so that equal
-    sizes are written alike: ``s + 1`` shifted by -1 is ``s``."""
+    sizes are written alike: ``s + 1`` shifted by -1 is ``s``. Unknown (None) for a dim too
+    long to be read as an expression (a hostile model's dim_param)."""
+    if len(dim) > MAX_EXPRESSION_CHARS:
+        return None
     if not shift:
         return dim
     match = _TRAILING_TERM.match(dim)
     if match is not None:
         base, sign, number = match.groups()
         return _shifted(base, shift + (int(number) if sign == "+" else -int(number)))
-    return f"{dim} {'+' if shift > 0 else '-'} {abs(shift)}"
+    shifted = f"{dim} {'+' if shift > 0 else '-'} {abs(shift)}"
+    return shifted if len(shifted) <= MAX_EXPRESSION_CHARS else None
 
 
 def _dim_of(size: Size | None) -> Dim:

@@ -13,7 +13,15 @@ from onnx import numpy_helper
 
 from shardcheck.graph import GraphIndex, Shape
 from shardcheck.loader import load_index
-from shardcheck.shapes import ShapeInference, _broadcast, _divide, reshape_dims, size_of
+from shardcheck.shapes import (
+    ShapeInference,
+    _broadcast,
+    _divide,
+    _shifted,
+    _window_count,
+    reshape_dims,
+    size_of,
+)
 
 
 @pytest.mark.parametrize(
@@ -273,3 +281,15 @@ def test_pad_grows_each_axis_by_its_pads(
     shapes = ShapeInference(GraphIndex(model))
     assert shapes.shape("next") == ("batch", "sequence - 1", 4)
     assert shapes.shape("padded") == expected
+
+
+def test_lengths_too_long_to_read_become_unknown() -> None:
+    # A hostile dim_param: 200k characters of trailing terms would be folded one recursion per
+    # term. Past 256 characters a dim is not read as an expression: unknown, no error.
+    hostile = "s" + " + 1" * 50_000
+    assert _shifted(hostile, -1) is None
+    assert _window_count(hostile, -3, 2) is None
+    assert _shifted("s" * 300, 1) is None
+    assert _shifted("s" * 254, 10) is None  # 259 characters: the result would pass the limit
+    assert _shifted("s + 3", -3) == "s"
+    assert _window_count("s", -3, 2) == "(s - 3)//2 + 1"
