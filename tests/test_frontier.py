@@ -34,6 +34,14 @@ REAL = FIXTURES / "real"
 REAL_NAMES = sorted(path.name for path in REAL.glob("*.onnx"))
 
 
+def _opset17_model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """``graph`` as a model of the default domain, opset 17 (IR version 8, which onnxruntime
+    reads)."""
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _attention_whose_output_also_feeds_a_position_wise_op() -> onnx.ModelProto:
     nodes = [
         oh.make_node("MatMul", ["q", "k"], ["scores"], name="mm1"),
@@ -54,9 +62,7 @@ def _attention_whose_output_also_feeds_a_position_wise_op() -> onnx.ModelProto:
             oh.make_tensor_value_info("activated", TensorProto.FLOAT, ["batch", SEQ, 16]),
         ],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 def _frontier_of(model: onnx.ModelProto) -> tuple[GraphIndex, Frontier]:
@@ -125,9 +131,7 @@ def _scores_reshaped_with_the_length_of(
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=[*weights, *axes],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 @pytest.mark.parametrize(("length_of", "axis", "warned"), [("k", 1, True), ("k_t", 2, False)])
@@ -227,9 +231,7 @@ def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=[*weights, *constants],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 @pytest.mark.parametrize(("queries_of", "warned"), [("q", True), ("k_t", False)])
@@ -318,9 +320,7 @@ def _attention_beside_a_running_sum(layers: int, *, transposed: bool) -> onnx.Mo
         [oh.make_tensor_value_info(h, TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=initializers,
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 @pytest.mark.parametrize(("layers", "transposed"), [(1, False), (2, False), (2, True)])
@@ -375,9 +375,7 @@ def _padding_mask_expanded_to_the_scores() -> onnx.ModelProto:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=[*weights, *constants],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 def test_a_mask_expanded_to_the_scores_shape_is_left_to_each_rank(tmp_path: Path) -> None:
@@ -418,9 +416,7 @@ def _next_token_paired() -> onnx.ModelProto:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
         initializer=[*weights, *constants],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _opset17_model(graph)
 
 
 def test_features_of_the_next_position_are_joined_whole_then_scattered(tmp_path: Path) -> None:
