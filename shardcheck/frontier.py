@@ -58,6 +58,11 @@ def data_derived(index: GraphIndex) -> set[str]:
 MAX_ROUNDS = 12
 
 
+def _gathered_kv(layers: list[AttentionLayer]) -> set[str]:
+    """The K and V the layers gather: whole on every rank when read."""
+    return {name for layer in layers for name in (layer.gathered_k, layer.gathered_v)}
+
+
 def find_frontier(
     index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
 ) -> Frontier:
@@ -108,7 +113,9 @@ def find_frontier(
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
-    gathered = _gathered(index, mapper, layers, result, sources, set(region), walked.cut_ids)
+    gathered = _gathered(
+        index, mapper, layers, result, sources, set(region), walked.cut_ids, inside_layers
+    )
     result.outputs = _ordered(order, shapes, gathered)
     _check_cuts(index, layers, cut, gathered, result)
     region_names = set(region)
@@ -126,6 +133,7 @@ def _gathered(
     sources: _ShapeSources,
     region: set[str],
     cut: list[int],
+    inside_layers: set[int],
 ) -> dict[str, int]:
     """The tensors to gather (with their axes), and the warnings of the walk forward.
 
@@ -135,10 +143,10 @@ def _gathered(
     no slice once its gathers are known (and those of the layers' K and V) forces the node to
     take the gathered tensor, and the walk repeats until no more nodes are forced."""
     ids = sources.ids
-    kv = [ids.id[name] for layer in layers for name in (layer.gathered_k, layer.gathered_v)]
+    kv = [ids.id[name] for name in _gathered_kv(layers)]
     forced: set[int] = set()
     for _ in range(MAX_ROUNDS):
-        reads_whole = _WholeReads(sources.derived, forced)
+        reads_whole = _WholeReads(sources.derived, forced, inside_layers)
         walk = Frontier()
         gathered, _ = _walk_forward(index, mapper, layers, walk, sources, region, reads_whole)
         reached = reads_whole.reached
@@ -170,7 +178,7 @@ def _check_cut_lengths(
     slices its causal mask from row ``len(K) - len(Q)``), so no exact cut is left. The gathered
     K and V are whole when read, and a length that the sequence does not reach (a batch or a
     head size) is harmless."""
-    gathered = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
+    gathered = _gathered_kv(layers)
     warned: set[int] = set()
     for read, shape_output in sorted(set(cut_lengths)):
         if read in warned or ids.names[read] in gathered:
@@ -317,9 +325,7 @@ def _check_cuts(
 ) -> None:
     """Follow what each rank holds in slices, from the scattered tensors to the gathered ones;
     a scattered tensor computed from a slice means no cut makes CP exact there."""
-    whole_when_read = set(gathered)
-    for layer in layers:
-        whole_when_read |= {layer.gathered_k, layer.gathered_v}
+    whole_when_read = set(gathered) | _gathered_kv(layers)
     sliced = set(cut)
     for node in index.nodes:
         if node.op_type in SHAPE_OPS or sliced.isdisjoint(node.inputs):
@@ -900,7 +906,7 @@ def _walk_forward(
     With ``reads_whole``, a node that also reads a tensor every rank holds whole along the
     same axis (data, not a broadcast) gets the gathered tensor: ConvBERT concatenates each
     layer's attention heads with its convolution heads, computed whole."""
-    barriers = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
+    barriers = _gathered_kv(layers)
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
     for layer in layers:
@@ -916,8 +922,6 @@ def _walk_forward(
     output_axis = mapper.output_axis
     # Only a node with an input computed from a Shape can be sized by a whole tensor.
     sizable = sources.sizable if sources is not None and region is not None else frozenset()
-    # A layer's inside reads its masks whole along the keys: the walk back placed its cuts.
-    inside_layers = {node for layer in layers for node in layer.internal} if reads_whole else set()
     while queue:
         tensor, axis = queue.popleft()
         if tensor in seen or tensor in barriers:
@@ -939,7 +943,6 @@ def _walk_forward(
                 )
                 or (
                     reads_whole is not None
-                    and consumer_index not in inside_layers
                     and reads_whole(consumer, tensor, out_axis, mapper, region)  # type: ignore[arg-type]
                 )
             ):
@@ -966,9 +969,11 @@ class _WholeReads:
     inputs it reads along the axis that the walks have not found to be slices are kept
     (``pending``, with the node), for _gathered to settle once the walk has ended."""
 
-    def __init__(self, derived: set[str], forced: set[int]) -> None:
+    def __init__(self, derived: set[str], forced: set[int], inside_layers: set[int]) -> None:
         self.derived = derived
         self.forced = forced
+        # A layer's inside reads its masks whole along the keys: the walk back placed its cuts.
+        self.inside_layers = inside_layers
         self.pending: list[tuple[int, str]] = []
         # What the walk forward reached: it fills this set as it goes.
         self.reached: set[str] = set()
@@ -979,7 +984,7 @@ class _WholeReads:
         if node.index in self.forced:
             return True
         inputs = node.inputs
-        if len(inputs) < 2:
+        if len(inputs) < 2 or node.index in self.inside_layers:
             return False
         # The region's tensors and what the walk reached are slices: most nodes read no
         # other data, and the mapper is not asked.
