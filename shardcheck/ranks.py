@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from shardcheck.background import InBackground
 from shardcheck.dtypes import infer_elem_types
@@ -399,6 +399,10 @@ class RankSimulator:
 
     def _run_collective(self, step: _Collective, values: RankValues) -> None:
         source, target = step.node.input[0], step.node.output[0]
+        if source in self.weights and source not in values.replicated:
+            # A weight cut by the hints (a position table added whole): every rank holds it.
+            base_dir = str(self.weights_dir) if self.weights_dir is not None else ""
+            values.set_replicated({source: numpy_helper.to_array(self.weights[source], base_dir)})
         if not all(source in rank_values for rank_values in values.per_rank):
             raise RankFailure(0, step.node.name, f"no value of {source!r} on every rank")
         pieces = [rank_values[source] for rank_values in values.per_rank]

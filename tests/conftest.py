@@ -71,3 +71,42 @@ def attention_nodes() -> list[Any]:
         helper.make_node("Softmax", ["s"], ["p"], name="softmax"),
         helper.make_node("MatMul", ["p", "v"], ["y"], name="context"),
     ]
+
+
+def attention_model(directory: Path, *, positions: bool = False, external: bool = False) -> Path:
+    """``attention_nodes`` as a model on the input ``x`` [seq, 4]. With ``positions``, on
+    ``x = tokens + pos`` instead: a position table of 8 rows added whole (as Whisper's
+    encoder adds its own), so the model runs at length 8 only. With ``external``, the
+    weights lie in ``weights.bin`` beside the model."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    shapes = {"pos": (8, 4)} if positions else {}
+    shapes.update({f"W_{x}": (4, 4) for x in "qkv"})
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in shapes.items()
+    ]
+    nodes = attention_nodes()
+    if positions:
+        nodes.insert(0, helper.make_node("Add", ["tokens", "pos"], ["x"], name="add_positions"))
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [
+            helper.make_tensor_value_info(
+                "tokens" if positions else "x", TensorProto.FLOAT, ["seq", 4]
+            )
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = directory / "attention.onnx"
+    if external:
+        onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    else:
+        onnx.save(model, path)
+    return path

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, attention_nodes, run_cli
-from onnx import TensorProto, helper, numpy_helper
+from conftest import FIXTURES, GOLDEN, attention_model, run_cli
+from onnx import TensorProto, helper
 
 from shardcheck import load_index, read_hints, verify
 from shardcheck.background import InBackground
@@ -701,21 +701,7 @@ def test_a_rank_is_compared_with_its_slice_along_the_one_axis_that_differs() -> 
 
 
 def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"W_{x}")
-        for x in "qkv"
-    ]
-    graph = helper.make_graph(
-        attention_nodes(),
-        "external",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    path = tmp_path / "external.onnx"
-    onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    path = attention_model(tmp_path, external=True)
     hints = ShardHints(
         attention_layers=(AttentionLayerHint(q="q", gather_kv=True, gather_q=False),),
         inputs=(ShardTensor("x", 0),),
@@ -730,6 +716,28 @@ def test_a_model_with_external_weights_is_simulated(tmp_path: Path) -> None:
     assert verify(path, hints, ranks=2).ok
     report = verify(path, hints.with_changes(k_seq_len_idx=0), ranks=2)
     assert ("SC105", "k_seq_len_idx") in [(f.code, f.field) for f in report.errors]
+
+
+def position_table_hints(*, table: bool) -> ShardHints:
+    """Hints of ``attention_model(positions=True)``: the tokens cut, the table too if ``table``."""
+    cut = (ShardTensor("tokens", 0), *((ShardTensor("pos", 0),) if table else ()))
+    return ShardHints(
+        attention_layers=(AttentionLayerHint(q="q", gather_kv=True, gather_q=False),),
+        inputs=cut,
+        outputs=(ShardTensor("y", 0),),
+        k_seq_len_idx=1,
+        v_seq_len_idx=0,
+    )
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_a_weight_the_hints_cut_gives_each_rank_its_rows(external: bool, tmp_path: Path) -> None:
+    path = attention_model(tmp_path, positions=True, external=external)
+    assert_match(simulate(path, position_table_hints(table=True), ranks=2, seq_len=8))
+    assert_match(simulate(path, position_table_hints(table=True), ranks=4, seq_len=8))
+    # Left whole, the table's 8 rows meet each rank's 4 positions.
+    wrong = simulate(path, position_table_hints(table=False), ranks=2, seq_len=8)
+    assert_culprit(wrong, "x", "add_positions")
 
 
 @pytest.mark.parametrize(
