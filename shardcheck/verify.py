@@ -114,9 +114,14 @@ def verify(
                 model_path, hints, hints_source, ranks, index, layers, shapes
             )
         runtime.run(pending, list(seq_lens), choose)
-        if isinstance(simulation, Simulation) and not runtime.ran:
+        # A model that runs only at its traced length is simulated there.
+        baked = runtime.baked.ran_at if runtime.baked is not None else ()
+        lengths = list(seq_lens if runtime.ran else baked)
+        if isinstance(simulation, Simulation) and not lengths:
             simulation.simulator.stop_making_ahead()
-        if ranks is not None and runtime.ran:
+        matched = None
+        if ranks is not None and lengths:
+            matched = False
             if isinstance(simulation, HintsMismatchError):
                 # The hints were read and the model runs: what keeps them from sharding it
                 # is a finding about the hints, beside those above.
@@ -134,7 +139,10 @@ def verify(
             else:
                 assert simulation is not None
                 settings = _SimulationSettings(ranks, rtol, atol, seed)
-                _simulate(simulation, settings, seq_lens, choose, runtime, report, progress)
+                matched = _simulate(
+                    simulation, settings, lengths, choose, runtime, report, progress
+                )
+        runtime.report_baked(matched, ranks)
     except Exception:
         # No onnxruntime work is left running behind an error: a process that ends while a
         # session is being made crashes.
@@ -237,7 +245,8 @@ def _simulate(
     runtime: RuntimeCheck,
     report: Report,
     progress: Progress | None,
-) -> None:
+) -> bool:
+    """Simulate CP at each length until one does not match; whether every one did."""
     ranks = settings.ranks
     for length in seq_lens:
         if progress is not None:
@@ -280,4 +289,5 @@ def _simulate(
                 expected="match",
                 observed="differs",
             )
-            return
+            return False
+    return True

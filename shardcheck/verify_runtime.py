@@ -35,6 +35,16 @@ Progress = Callable[[str], None]
 DimChooser = Callable[[int], dict[str, int]]
 
 
+@dataclass(frozen=True)
+class BakedLength:
+    """The model ran at ``ran_at`` only, and failed at ``failed_at`` (at ``node``)."""
+
+    ran_at: tuple[int, ...]
+    failed_at: int
+    node: str
+    message: str  # onnxruntime's, shortened
+
+
 class RuntimeCheck:
     """onnxruntime runs at several lengths, and what their shapes say about the hints."""
 
@@ -62,6 +72,7 @@ class RuntimeCheck:
         self.mask_values: dict[str, np.ndarray] = {}
         # Per length: the dims of the run and its graph outputs (the CP simulation's reference).
         self.graph_outputs: dict[int, tuple[dict[str, int], dict[str, np.ndarray]]] = {}
+        self.baked: BakedLength | None = None
 
     def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
         watched = pending.watched
@@ -148,31 +159,68 @@ class RuntimeCheck:
     def _failed(self, length: int, message: str, ran_at: list[int], dims: dict[str, int]) -> None:
         match = _ORT_NODE.search(message)
         node = match.group(1) if match else "unknown node"
-        chosen = ", ".join(f"{k}={v}" for k, v in dims.items())
         if ran_at:
-            self.report.add(
-                "SC002",
-                ERROR,
-                "model",
-                f"the model runs at sequence length {', '.join(map(str, ran_at))} but not at "
-                f"{length}: the length is baked into it (at node {node}); each CP rank runs a "
-                f"shorter sequence, so it cannot be sharded. onnxruntime: {_short(message)}",
-                tensor=node,
-                expected="runs at any length",
-                observed=f"fails at {length}",
+            # Reported by report_baked, once verify knows whether CP was simulated there.
+            self.baked = BakedLength(tuple(ran_at), length, node, _short(message))
+            return
+        chosen = ", ".join(f"{k}={v}" for k, v in dims.items())
+        self.report.add(
+            "SC001",
+            ERROR,
+            "model",
+            f"the model does not run in onnxruntime with {chosen} (node {node}); if it "
+            "needs other sizes (an audio encoder's convolutions need hundreds of samples), "
+            f"give them with --seq-lens and --dim. onnxruntime: {_short(message)}",
+            tensor=node,
+            expected="runs",
+            observed="fails",
+        )
+
+    def report_baked(self, simulated: bool | None, ranks: int | None) -> None:
+        """SC002 for a model that runs only at the lengths it was traced with, if it is one.
+
+        The sequence axes cannot be compared across lengths then. Each rank runs a shorter
+        slice, which fails at a node that holds the traced length, unless the hints leave that
+        node computed whole before the cuts (TorchScript's nn.MultiheadAttention, whose K and
+        V reshapes hold it, shards with cuts on Q, K and V): only the CP simulation at the
+        traced length tells. ``simulated``: whether it matched there (None: not run)."""
+        baked = self.baked
+        if baked is None:
+            return
+        ran = listed([str(n) for n in baked.ran_at])
+        what = (
+            f"the model runs at sequence length {ran} but not at {baked.failed_at}: the length "
+            f"is baked into it (at node {baked.node}), so the sequence axes cannot be checked "
+            "at other lengths"
+        )
+        if simulated:
+            level = WARNING
+            verdict = (
+                f"the CP simulation on {ranks} ranks matched at {ran}: these hints shard it at "
+                "that length only"
+            )
+        elif simulated is None:
+            level = ERROR
+            verdict = (
+                "CP can shard it at that length only if no rank's slice reaches a node that "
+                "holds it: simulate CP there with --ranks, or export the model with a dynamic "
+                "sequence axis"
             )
         else:
-            self.report.add(
-                "SC001",
-                ERROR,
-                "model",
-                f"the model does not run in onnxruntime with {chosen} (node {node}); if it "
-                "needs other sizes (an audio encoder's convolutions need hundreds of samples), "
-                f"give them with --seq-lens and --dim. onnxruntime: {_short(message)}",
-                tensor=node,
-                expected="runs",
-                observed="fails",
+            level = ERROR
+            verdict = (
+                f"the CP simulation on {ranks} ranks at {ran} did not pass: export the model "
+                "with a dynamic sequence axis, or cut after the nodes that hold the length"
             )
+        self.report.add(
+            "SC002",
+            level,
+            "model",
+            f"{what}; {verdict}. onnxruntime: {baked.message}",
+            tensor=baked.node,
+            expected="runs at any length",
+            observed=f"fails at {baked.failed_at}",
+        )
 
     def _compare(
         self,

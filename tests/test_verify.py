@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import ANCHORS, FIXTURES, GOLDEN, read_json, run_cli
+from conftest import ANCHORS, FIXTURES, GOLDEN, attention_model, read_json, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GraphIndex, verify
@@ -20,6 +20,7 @@ from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, Sha
 from shardcheck.hints_file import read_hints
 
 REAL = FIXTURES / "real"
+BAKED_MHA = read_json(REAL / "TRUTH.json")["ts_mha_seq_first"]["baked_length_nodes"][0]["node"]
 BERT = REAL / "ts_bert_tiny.onnx"
 
 
@@ -347,8 +348,10 @@ def test_baked_sequence_length_is_reported_with_the_node(tmp_path: Path) -> None
     assert run_cli("gen", model, "-o", hints).exit_code == 0
     report = verify(model, hints, seq_lens=(8, 16))
     baked = [f for f in report.errors if f.code == "SC002"]
-    assert len(baked) == 1 and baked[0].tensor == "/attn/Reshape_4"
-    assert "cannot be sharded" in baked[0].message
+    # TRUTH.json names the Reshapes whose shape holds the traced length (from the model).
+    assert len(baked) == 1 and baked[0].tensor == BAKED_MHA
+    assert "the sequence axes cannot be checked at other lengths" in baked[0].message
+    assert "simulate CP there with --ranks" in baked[0].message
 
 
 def test_baked_length_is_reported_whichever_length_comes_first(tmp_path: Path) -> None:
@@ -356,8 +359,60 @@ def test_baked_length_is_reported_whichever_length_comes_first(tmp_path: Path) -
     hints = tmp_path / "h.json"
     assert run_cli("gen", model, "-o", hints).exit_code == 0
     report = verify(model, hints, seq_lens=(16, 8))
-    assert [(f.code, f.tensor) for f in report.errors] == [("SC002", "/attn/Reshape_4")]
+    assert [(f.code, f.tensor) for f in report.errors] == [("SC002", BAKED_MHA)]
     assert "runs at sequence length 8 but not at 16" in report.errors[0].message
+
+
+def _simulated(report: Any) -> list[tuple[int, bool]]:
+    return [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")]
+
+
+def test_a_baked_length_is_simulated_there_and_a_match_makes_it_a_warning(tmp_path: Path) -> None:
+    # gen cuts Q, K and V after the Reshapes that hold the length: every rank computes them
+    # whole, so CP is exact at the traced length.
+    model = REAL / "ts_mha_seq_first.onnx"
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    report = verify(model, hints, seq_lens=(8, 16), ranks=2)
+    assert report.ok, report.render_text()
+    assert [(f.code, f.level, f.tensor) for f in report.sorted_findings() if f.code == "SC002"] == [
+        ("SC002", "warning", BAKED_MHA)
+    ]
+    assert (
+        "the CP simulation on 2 ranks matched at 8: these hints shard it at that length "
+        "only" in report.sorted_findings()[0].message
+    )
+    assert _simulated(report) == [(8, True)]
+
+
+def test_a_baked_length_that_the_slices_reach_fails_the_simulation_there(tmp_path: Path) -> None:
+    # Polygraphy's choice, the graph input cut: each rank's 4 rows reach the Reshape to 8.
+    model = REAL / "ts_mha_seq_first.onnx"
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints, "--io", "graph").exit_code == 0
+    report = verify(model, hints, seq_lens=(8, 16), ranks=2)
+    assert sorted((f.code, f.tensor) for f in report.errors) == [
+        ("SC002", BAKED_MHA),
+        ("SC201", f"{BAKED_MHA}_output_0"),
+    ]
+    assert "the CP simulation on 2 ranks at 8 did not pass" in report.sorted_findings()[0].message
+    assert _simulated(report) == [(8, False)]
+
+
+def test_a_position_table_cut_by_gen_shards_a_fixed_length_model(tmp_path: Path) -> None:
+    model = attention_model(tmp_path, positions=True)
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    assert {t["name"]: t["seq_len_idx"] for t in read_json(hints)["inputs"]} == {
+        "tokens": 0,
+        "pos": 0,
+    }
+    report = verify(model, hints, ranks=2)
+    assert report.ok, report.render_text()
+    assert [(f.code, f.level, f.tensor) for f in report.sorted_findings()] == [
+        ("SC002", "warning", "add_positions"),
+        ("SC202", "info", ""),
+    ]
 
 
 def test_text_and_json_reports_have_the_same_findings(bert_hints: dict, tmp_path: Path) -> None:
