@@ -27,6 +27,8 @@ SHARDABLE = sorted(
 )
 # Models on which no hints in the Polygraphy format make CP exact (TRUTH.json says why).
 NO_EXACT_HINTS = sorted(name for name, truth in TRUTH.items() if "no_exact_hints" in truth)
+# Models whose sequence length is baked into Reshape constants (TRUTH.json names the nodes).
+BAKED = sorted(name for name, truth in TRUTH.items() if truth.get("baked_length_nodes"))
 # Positions or a causal mask computed from the sequence length inside the model.
 POSITION_DEPENDENT = sorted(
     name for name in SHARDABLE if TRUTH[name]["positions"] != "none" or TRUTH[name]["causal"]
@@ -44,6 +46,7 @@ def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     assert "ts_mha_seq_first" not in SHARDABLE  # its length is baked into Reshape constants
     assert "ts_vit_tiny" not in SHARDABLE  # 17 patches: the length is fixed by the image
     assert NO_EXACT_HINTS == ["ts_gptneo_tiny"]  # its causal mask's rows follow len(Q)
+    assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder"]
     assert {"ts_gpt2_tiny", "ts_llama_tiny_gqa", "ts_bert_tiny", "dynamo_llama_tiny_gqa"} <= set(
         POSITION_DEPENDENT
     )
@@ -85,6 +88,26 @@ def test_gen_warns_where_no_hints_make_cp_exact(name: str, tmp_path: Path) -> No
     for ranks in (2, 4):
         outcome = simulate(REAL / TRUTH[name]["file"], tmp_path / "h.json", ranks=ranks, seq_len=16)
         assert not outcome.ok
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", BAKED)
+def test_default_hints_shard_a_baked_length_model_at_its_traced_length(
+    name: str, ranks: int, tmp_path: Path
+) -> None:
+    # The cuts fall after the Reshapes that hold the length: they compute whole on every rank.
+    truth = TRUTH[name]
+    traced = truth["traced_seq_len"]
+    report = verify(
+        REAL / truth["file"], hints_file(tmp_path, name), seq_lens=(traced, 2 * traced), ranks=ranks
+    )
+    assert report.ok, report.render_text()
+    baked = [f for f in report.findings if f.code == "SC002"]
+    assert len(baked) == 1 and baked[0].level == "warning"
+    assert baked[0].tensor in {node["node"] for node in truth["baked_length_nodes"]}
+    assert [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")] == [
+        (traced, True)
+    ]
 
 
 @pytest.mark.parametrize("name", POSITION_DEPENDENT)
