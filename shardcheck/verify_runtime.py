@@ -193,7 +193,14 @@ class RuntimeCheck:
             f"is baked into it (at node {baked.node}), so the sequence axes cannot be checked "
             "at other lengths"
         )
-        if simulated:
+        if simulated and not self.hints.inputs:
+            level = ERROR
+            verdict = (
+                f"the CP simulation on {ranks} ranks matched at {ran}, but these hints scatter "
+                "nothing, so every rank computed the whole model: add the tensors to scatter "
+                "to inputs"
+            )
+        elif simulated:
             level = WARNING
             verdict = (
                 f"the CP simulation on {ranks} ranks matched at {ran}: these hints shard it at "

@@ -415,6 +415,14 @@ def test_a_position_table_cut_by_gen_shards_a_fixed_length_model(tmp_path: Path)
     ]
 
 
+def test_a_baked_length_with_hints_that_scatter_nothing_stays_an_error(tmp_path: Path) -> None:
+    # Every rank then computes the whole model: the simulation matches and proves nothing.
+    model = attention_model(tmp_path, positions=True)
+    report = verify(model, ShardHints(), ranks=2)
+    assert [(f.code, f.tensor) for f in report.errors] == [("SC002", "add_positions")]
+    assert "but these hints scatter nothing" in report.errors[0].message
+
+
 def test_text_and_json_reports_have_the_same_findings(bert_hints: dict, tmp_path: Path) -> None:
     hints = json.loads(json.dumps(bert_hints))
     hints["k_seq_len_idx"] = 2
