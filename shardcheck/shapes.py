@@ -803,7 +803,7 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
     second = values[1] if len(values) > 1 else None
     if op == "Equal" and first is not None and second is not None:
         return _equal_value(first, second)
-    if first is None or second is None or op not in ("Add", "Sub", "Mul", "Div"):
+    if first is None or second is None or op not in _VALUE_OPS:
         return None
     if len(second) == 1 and len(first) > 1:
         second = second * len(first)
@@ -814,7 +814,7 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
     result: list[Dim] = []
     for a, b in zip(first, second, strict=True):
         if isinstance(a, int) and isinstance(b, int):
-            result.append({"Add": a + b, "Sub": a - b, "Mul": a * b, "Div": a // b if b else 0}[op])
+            result.append(_integer_result(op, a, b))
         elif op in ("Mul", "Div") and b == 1:
             result.append(a)
         elif op == "Mul" and a is not None and b is not None:
@@ -828,6 +828,19 @@ def _elementwise_value(op: str, values: Sequence[tuple[Dim, ...] | None]) -> tup
         else:
             result.append(None)
     return tuple(result)
+
+
+_VALUE_OPS = frozenset(("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min"))
+
+
+def _integer_result(op: str, a: int, b: int) -> Dim:
+    if op == "Mod":
+        # Both of ONNX's Mod (fmod 0 and 1) agree on non-negative operands (TorchScript's
+        # nn.MultiheadAttention computes its unflatten's split point with one).
+        return a % b if a >= 0 and b > 0 else None
+    if op in ("Max", "Min"):
+        return max(a, b) if op == "Max" else min(a, b)
+    return {"Add": a + b, "Sub": a - b, "Mul": a * b, "Div": a // b if b else 0}[op]
 
 
 def _negated(dim: Dim) -> Dim:

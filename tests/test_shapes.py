@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURE_MODELS
+from conftest import FIXTURE_MODELS, FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
@@ -293,3 +293,40 @@ def test_lengths_too_long_to_read_become_unknown() -> None:
     assert _shifted("s" * 254, 10) is None  # 259 characters: the result would pass the limit
     assert _shifted("s + 3", -3) == "s"
     assert _window_count("s", -3, 2) == "(s - 3)//2 + 1"
+
+
+@pytest.mark.parametrize(
+    ("op", "fmod", "a", "b", "expected"),
+    [
+        ("Mod", 0, 2, 3, 2),
+        ("Mod", 1, 7, 3, 1),
+        ("Mod", 0, -7, 3, None),  # the two Mods differ on signs: not guessed
+        ("Max", 0, 2, 3, 3),
+        ("Min", 0, 2, 3, 2),
+    ],
+)
+def test_small_integer_values_through_mod_max_and_min(
+    op: str, fmod: int, a: int, b: int, expected: int | None
+) -> None:
+    attributes = {"fmod": fmod} if op == "Mod" else {}
+    graph = oh.make_graph(
+        [oh.make_node(op, ["a", "b"], ["out"], **attributes)],
+        "values",
+        [],
+        [oh.make_tensor_value_info("out", onnx.TensorProto.INT64, None)],
+        initializer=[
+            numpy_helper.from_array(np.array([a], dtype=np.int64), "a"),
+            numpy_helper.from_array(np.array([b], dtype=np.int64), "b"),
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert ShapeInference(GraphIndex(model)).value("out") == (expected,)
+
+
+def test_multihead_attention_keeps_its_shapes_through_the_in_projection_split() -> None:
+    # TorchScript's nn.MultiheadAttention unflattens [S, B, 3E] at a split point it computes
+    # with a Mod; the K and V Reshapes that follow hold the traced length (TRUTH.json).
+    shapes = ShapeInference(load_index(FIXTURES / "real" / "ts_mha_seq_first.onnx"))
+    assert shapes.shape("/attn/Reshape_2_output_0") == ("sequence", "batch", 3, 24)
+    assert shapes.shape("/attn/Reshape_4_output_0") == (8, "2*batch", 12)
