@@ -6,10 +6,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from shardcheck.axes import carries
+from shardcheck.baked import baked_lengths
 from shardcheck.detect import AttentionLayer, detect_attention
 from shardcheck.errors import AnalysisError, InputError, ModelError
 from shardcheck.frontier import find_frontier
-from shardcheck.graph import GraphIndex, Shape, gc_paused
+from shardcheck.graph import Dim, GraphIndex, Shape, gc_paused
 from shardcheck.hints import (
     AttentionLayerHint,
     DistCollective,
@@ -165,6 +166,7 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             "their axes fall back to the --k-idx/--v-idx/--kv-rank options"
         )
     k_idx, v_idx, kv_rank = _kv_axes(index, layers, options)
+    warnings.extend(_baked_length_warning(index, shapes, layers))
 
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()
@@ -195,6 +197,31 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
         kv_rank=kv_rank,
     )
     return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
+
+
+def _sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
+    """The dim on the first layer's query axis."""
+    first = layers[0]
+    q_shape = shapes.shape(first.q)
+    return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+
+
+def _baked_length_warning(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+) -> list[str]:
+    baked = baked_lengths(index, shapes, _sequence_dim(shapes, layers)) if layers else []
+    if not baked:
+        return []
+    node, length = baked[0]
+    more = f" (and {counted(len(baked) - 1, 'other Reshape')})" if len(baked) > 1 else ""
+    return [
+        f"{index.source}: the sequence length is baked into the model: {node.label}{more} "
+        f"reshapes to a fixed shape that holds a length of {length}, so the model runs at that "
+        "length only (TorchScript's tracing writes it there; PyTorch's dynamo exporter keeps "
+        "it symbolic). CP shards it at that length only if no rank's slice reaches those "
+        f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens {length},"
+        f"{2 * length}'"
+    ]
 
 
 def _kv_axes(
@@ -259,9 +286,7 @@ def _graph_io(
 ) -> tuple[tuple[ShardTensor, ...], tuple[ShardTensor, ...]]:
     """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes."""
     ends = [index.nodes[index.producer[layer.output]] for layer in layers]
-    first = layers[0]
-    q_shape = shapes.shape(first.q)
-    seq = q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+    seq = _sequence_dim(shapes, layers)
 
     def tensor(name: str, default_idx: int, default_rank: int | None) -> ShardTensor:
         shape = shapes.shape(name)

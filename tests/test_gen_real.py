@@ -90,6 +90,24 @@ def test_gen_warns_where_no_hints_make_cp_exact(name: str, tmp_path: Path) -> No
         assert not outcome.ok
 
 
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_gen_warns_of_a_baked_length_where_the_model_holds_one(name: str, tmp_path: Path) -> None:
+    truth = TRUTH[name]
+    result = run_cli("gen", REAL / truth["file"], "-o", tmp_path / "h.json")
+    assert result.exit_code == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "length is baked" in line]
+    if name not in BAKED:
+        assert not warned
+        return
+    nodes = [node["node"] for node in truth["baked_length_nodes"]]
+    lengths = {node["constant_value"][0] for node in truth["baked_length_nodes"]}
+    assert lengths == {truth["traced_seq_len"]}
+    assert len(warned) == 1
+    assert f"the sequence length is baked into the model: {nodes[0]} (and " in warned[0]
+    assert f"{len(nodes) - 1} other Reshape" in warned[0]
+    assert f"holds a length of {truth['traced_seq_len']}, so the model runs" in warned[0]
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("name", BAKED)
 def test_default_hints_shard_a_baked_length_model_at_its_traced_length(
