@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from shardcheck.einsum import node_equation
 from shardcheck.graph import Dim, GraphIndex, Node, Shape
 from shardcheck.shapes import ELEMENTWISE, ShapeInference, Size, size_of
 
@@ -89,6 +90,8 @@ class AxisMapper:
             return [(node.inputs[0], perm[out_axis])]
         if op in ("MatMul", "FusedMatMul"):
             return self._matmul(node, out_axis, out_rank)
+        if op == "Einsum":
+            return self._einsum(node, out_axis)
         if op == "Gemm":
             if out_axis != 0 or node.attr("transA", 0):
                 return None
@@ -181,6 +184,15 @@ class AxisMapper:
             return [(node.inputs[1], b_rank - 1)]
         # A batch axis: both operands broadcast into it.
         return self._aligned(node.inputs[:2], out_axis, out_rank)
+
+    def _einsum(self, node: Node, out_axis: int) -> AxisList | None:
+        equation = node_equation(node, [self.shapes.rank(name) for name in node.inputs])
+        sources = None if equation is None else equation.sources(out_axis)
+        if not sources:
+            return None
+        # Like broadcasting, an operand's axis of 1 is not where the output's axis comes from.
+        held = [(node.inputs[position], axis) for position, axis in sources]
+        return [(name, axis) for name, axis in held if _dim(self.shapes, name, axis) != 1]
 
     def _gather(self, node: Node, out_axis: int) -> AxisList | None:
         data_rank = self.shapes.rank(node.inputs[0])
@@ -285,3 +297,8 @@ def _smaller(left: Size, right: Size) -> bool:
     if len(left[1]) != len(right[1]):
         return len(left[1]) < len(right[1])
     return left[0] < right[0]
+
+
+def _dim(shapes: ShapeInference, tensor: str, axis: int) -> Dim:
+    shape = shapes.shape(tensor)
+    return None if shape is None else shape[axis]

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shardcheck.einsum import context_roles, node_equation, score_roles
 from shardcheck.graph import GraphIndex, Node, raw_values
 from shardcheck.patterns.polygraphy import match_all
 from shardcheck.shapes import ShapeInference
@@ -27,6 +28,7 @@ SCORE_SIDE_OPS = frozenset(
 )
 PROBS_SIDE_OPS = frozenset("Cast Dropout Identity Where Reshape Mul Squeeze Unsqueeze".split())
 # K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
+RESHAPING_OPS = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten"))
 KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsqueeze Tile".split())
 MAX_SIDE_DEPTH = 8
 MAX_MASK_NODES = 80
@@ -64,6 +66,8 @@ class AttentionLayer:
     op_type: str = ""
     # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
     internal: tuple[int, ...] = field(default=(), repr=False)
+    # The query axis of ``output``; None: its rank less 2 (MatMul's, and the fused nodes').
+    output_axis: int | None = None
 
     @property
     def polygraphy_recognises(self) -> bool:
@@ -90,7 +94,8 @@ def detect_attention(
 
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:
     """The layers ``detect_attention`` finds, with the same tensors (Q, gathered K and V, masks,
-    output), found without shape inference: their axes and ranks are unknown here, and
+    output), found without shape inference: their ranks are unknown here, their axes too
+    (but an Einsum's, which its equation gives), and
     Polygraphy's patterns are not matched, and ``causal`` is not looked for. Which tensors a
     layer has never depends on shapes; verify needs them before onnxruntime loads the model,
     the rest later."""
@@ -131,9 +136,11 @@ def _decomposed(
     found_context = _context_matmul(index, softmax)
     if found_context is None:
         return None
-    context, probs_path = found_context
-    q, gathered_k = score.inputs[0], score.inputs[1]
-    gathered_v = context.inputs[1]
+    context, probs_path, probs = found_context
+    sides = _score_side(score, softmax, score_path), _context_side(context, probs)
+    if sides[0] is None or sides[1] is None:
+        return None
+    (q, gathered_k, q_axis, k_axis), (gathered_v, v_axis, output_axis) = sides
     if gathered_k in index.initializers or gathered_v in index.initializers:
         return None  # a projection by weights (a classifier head, a router), not attention
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, gathered_k, gathered_v))
@@ -148,15 +155,16 @@ def _decomposed(
         v=_kv_source(index, gathered_v),
         output=context.outputs[0],
         nodes=(score.label, softmax.label, context.label),
-        q_axis=None if q_rank is None or q_rank < 2 else q_rank - 2,
-        k_axis=None if k_rank is None or k_rank < 2 else k_rank - 1,
-        v_axis=None if v_rank is None or v_rank < 2 else v_rank - 2,
+        q_axis=_axis(q_axis, q_rank, -2),
+        k_axis=_axis(k_axis, k_rank, -1),
+        v_axis=_axis(v_axis, v_rank, -2),
         k_rank=k_rank,
         v_rank=v_rank,
         causal=_causal_mask(index, masks) if look_for_causal else None,
         masks=masks,
         polygraphy_patterns=tuple(recognised.get(score.index, ())),
-        op_type="MatMul/Softmax/MatMul",
+        op_type=f"{score.op_type}/Softmax/{context.op_type}",
+        output_axis=output_axis,
         internal=tuple(
             sorted(
                 {score.index, softmax.index, context.index}
@@ -165,6 +173,40 @@ def _decomposed(
         ),
     )
     return score.index, layer
+
+
+def _axis(known: int | None, rank: int | None, from_end: int) -> int | None:
+    """An Einsum's axis (``known``, from its equation), or a MatMul's: ``from_end`` of the
+    operand's rank, when known."""
+    if known is not None:
+        return known
+    return None if rank is None or rank < 2 else rank + from_end
+
+
+def _score_side(
+    score: Node, softmax: Node, score_path: list[Node]
+) -> tuple[str, str, int | None, int | None] | None:
+    """Q, K and (for an Einsum) their query and key axes; a MatMul's follow from its rank."""
+    if score.op_type != "Einsum":
+        return score.inputs[0], score.inputs[1], None, None
+    if any(node.op_type in RESHAPING_OPS for node in score_path):
+        return None  # the Softmax's axis would not be the equation's
+    equation = node_equation(score, [None, None])
+    roles = None if equation is None else score_roles(equation, softmax.attr("axis", -1))
+    if roles is None:
+        return None
+    return score.inputs[roles.q], score.inputs[roles.k], roles.q_axis, roles.k_axis
+
+
+def _context_side(context: Node, probs: str) -> tuple[str, int | None, int | None] | None:
+    """V and (for an Einsum) its key axis and the output's query axis."""
+    if context.op_type != "Einsum":
+        return context.inputs[1], None, None
+    equation = node_equation(context, [None, None])
+    roles = None if equation is None else context_roles(equation, context.inputs.index(probs))
+    if roles is None:
+        return None
+    return context.inputs[roles.v], roles.v_axis, roles.output_axis
 
 
 def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] | None:
@@ -181,6 +223,8 @@ def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] |
             continue
         if producer.op_type in ("MatMul", "FusedMatMul") and len(producer.inputs) >= 2:
             return producer, path
+        if producer.op_type == "Einsum" and len(producer.inputs) == 2:
+            return producer, path
         if producer.op_type not in SCORE_SIDE_OPS:
             continue
         data_inputs = producer.inputs[1:3] if producer.op_type == "Where" else producer.inputs[:2]
@@ -192,8 +236,9 @@ def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] |
     return None
 
 
-def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] | None:
-    """The MatMul that applies the probabilities to V, and the nodes passed on the way."""
+def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node], str] | None:
+    """The MatMul (or Einsum) that applies the probabilities to V, the nodes passed on the
+    way, and the probabilities it reads."""
     queue: deque[tuple[str, int]] = deque([(softmax.outputs[0], 0)])
     seen: set[str] = set()
     passed: list[Node] = []
@@ -204,7 +249,9 @@ def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]]
         seen.add(tensor)
         for consumer in index.consumers_of(tensor):
             if consumer.op_type in ("MatMul", "FusedMatMul") and consumer.inputs[0] == tensor:
-                return consumer, passed
+                return consumer, passed, tensor
+            if consumer.op_type == "Einsum" and len(consumer.inputs) == 2:
+                return consumer, passed, tensor
             if consumer.op_type in PROBS_SIDE_OPS and consumer.outputs:
                 passed.append(consumer)
                 queue.append((consumer.outputs[0], depth + 1))

@@ -913,7 +913,8 @@ def _walk_forward(
         if layer.q_axis is not None:
             rank = mapper.shapes.rank(layer.output)
             if rank is not None:
-                queue.append((layer.output, rank - 2))
+                axis = layer.output_axis
+                queue.append((layer.output, rank - 2 if axis is None else axis))
     seen: set[str] = set() if reads_whole is None else reads_whole.reached
     nodes: set[int] = set()
     graph_outputs = set(index.graph_outputs)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shardcheck import protos
 from shardcheck.dim_expressions import MAX_EXPRESSION_CHARS, is_name
+from shardcheck.einsum import node_equation
 from shardcheck.graph import INTEGER_TYPES, Dim, GraphIndex, Node, Shape, raw_values
 from shardcheck.protos import full_onnx
 
@@ -339,6 +340,21 @@ class ShapeInference:
         if value is None:
             return None
         return [TensorInfo(tuple(int(d) for d in value.shape), _as_value(value))]
+
+    def _einsum(self, node: Node) -> list[TensorInfo] | None:
+        shapes = [self._in(node, i).shape for i in range(len(node.inputs))]
+        equation = node_equation(node, [None if s is None else len(s) for s in shapes])
+        if equation is None:
+            return None
+        dims: list[Dim] = []
+        for axis in range(len(equation.output)):
+            # The dims an output axis is summed or broadcast from: as broadcasting them.
+            held = [
+                (None if shapes[position] is None else shapes[position][at],)  # type: ignore[index]
+                for position, at in equation.sources(axis) or ()
+            ]
+            dims.append(_broadcast(held)[0] if held else None)  # type: ignore[index]
+        return [TensorInfo(tuple(dims))]
 
     def _elementwise(self, node: Node) -> list[TensorInfo] | None:
         infos = [self._in(node, i) for i in range(len(node.inputs)) if node.inputs[i]]
@@ -681,6 +697,7 @@ _ANY_INPUT_RULES: dict[str, Callable[[ShapeInference, Node], list[TensorInfo] | 
     "Range": ShapeInference._generator_rule,
     "ConstantOfShape": ShapeInference._generator_rule,
     "GatherElements": ShapeInference._gather_elements,
+    "Einsum": ShapeInference._einsum,
 }
 _KNOWN_INPUT_RULES: dict[
     str, Callable[[ShapeInference, Node, TensorInfo], list[TensorInfo] | None]

@@ -324,16 +324,16 @@ class RuntimeCheck:
                         observed=hinted,
                     )
             axes = changing(layer.q)
-            rank = len(first.get(layer.q, ()))
-            if axes is not None and axes != [rank - 2]:
+            query = len(first.get(layer.q, ())) - 2 if layer.q_axis is None else layer.q_axis
+            if axes is not None and axes != [query]:
                 self.report.add(
                     "SC118",
                     WARNING,
                     f"attention_layers[q={hint.q}]",
                     f"layer {layer.name}: Q {layer.q} changes on axes {axes}, expected its "
-                    f"query axis {rank - 2}",
+                    f"query axis {query}",
                     tensor=layer.q,
-                    expected=rank - 2,
+                    expected=query,
                     observed=axes,
                 )
 

@@ -102,6 +102,6 @@ def test_layer_tensors_without_shapes_are_the_tensors_detection_finds(model: Pat
     assert [tensors(layer) for layer in early] == [
         tensors(layer) for layer in detect_attention(index)
     ]
-    assert all(
-        layer.q_axis is None and layer.k_rank is None and layer.causal is None for layer in early
-    )
+    # No shapes, so no ranks, nor axes but those an Einsum's equation gives.
+    assert all(layer.k_rank is None and layer.causal is None for layer in early)
+    assert all(layer.q_axis is None for layer in early if "Einsum" not in layer.op_type)
