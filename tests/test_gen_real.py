@@ -45,7 +45,9 @@ def hints_file(tmp_path: Path, name: str, *options: str) -> Path:
 def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     assert "ts_mha_seq_first" not in SHARDABLE  # its length is baked into Reshape constants
     assert "ts_vit_tiny" not in SHARDABLE  # 17 patches: the length is fixed by the image
-    assert NO_EXACT_HINTS == ["ts_gptneo_tiny"]  # its causal mask's rows follow len(Q)
+    # Their causal masks' rows follow len(Q): read from Q (GPT-Neo), or from the scores.
+    assert NO_EXACT_HINTS == ["ts_einsum_causal", "ts_gptneo_tiny"]
+    assert {"ts_einsum_attention", "dynamo_einsum_causal"} <= set(SHARDABLE)
     assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder"]
     assert {"ts_gpt2_tiny", "ts_llama_tiny_gqa", "ts_bert_tiny", "dynamo_llama_tiny_gqa"} <= set(
         POSITION_DEPENDENT
@@ -91,7 +93,9 @@ def test_gen_warns_where_no_hints_make_cp_exact(name: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("name", sorted(TRUTH))
-def test_gen_warns_of_a_baked_length_where_the_model_holds_one(name: str, tmp_path: Path) -> None:
+def test_gen_warns_of_a_baked_length_where_the_model_holds_one(
+    name: str, tmp_path: Path
+) -> None:
     truth = TRUTH[name]
     result = run_cli("gen", REAL / truth["file"], "-o", tmp_path / "h.json")
     assert result.exit_code == 0, result.stderr
