@@ -166,7 +166,7 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             "their axes fall back to the --k-idx/--v-idx/--kv-rank options"
         )
     k_idx, v_idx, kv_rank = _kv_axes(index, layers, options)
-    warnings.extend(_baked_length_warning(index, shapes, layers))
+    warnings.extend(_fixed_length_warning(index, shapes, layers))
 
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()
@@ -206,10 +206,24 @@ def _sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
     return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
 
 
-def _baked_length_warning(
+def _fixed_length_warning(
     index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
 ) -> list[str]:
-    baked = baked_lengths(index, shapes, _sequence_dim(shapes, layers)) if layers else []
+    """A warning when the model runs at one sequence length only: its query axis is a fixed
+    size, or a Reshape holds the traced length."""
+    if not layers:
+        return []
+    seq = _sequence_dim(shapes, layers)
+    if isinstance(seq, int):
+        return [
+            f"{index.source}: the sequence length is fixed at {seq} in this model (the query "
+            f"axis of layer {layers[0].name} has that size, not a symbolic dim), so the "
+            "sequence axes are found by size and CP works at that length only if no rank's "
+            "slice reaches a node that holds it (a Reshape to a fixed shape). If the export "
+            "fixed it, export with a dynamic sequence axis; check CP with 'shardcheck verify "
+            f"{index.source} HINTS --ranks N'"
+        ]
+    baked = baked_lengths(index, shapes, seq)
     if not baked:
         return []
     node, length = baked[0]
@@ -219,8 +233,8 @@ def _baked_length_warning(
         f"reshapes to a fixed shape that holds a length of {length}, so the model runs at that "
         "length only (TorchScript's tracing writes it there; PyTorch's dynamo exporter keeps "
         "it symbolic). CP shards it at that length only if no rank's slice reaches those "
-        f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens {length},"
-        f"{2 * length}'"
+        f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens "
+        f"{length},{2 * length}'"
     ]
 
 

@@ -93,13 +93,18 @@ def test_gen_warns_where_no_hints_make_cp_exact(name: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("name", sorted(TRUTH))
-def test_gen_warns_of_a_baked_length_where_the_model_holds_one(
+def test_gen_warns_of_a_fixed_or_baked_length_where_the_model_has_one(
     name: str, tmp_path: Path
 ) -> None:
     truth = TRUTH[name]
     result = run_cli("gen", REAL / truth["file"], "-o", tmp_path / "h.json")
     assert result.exit_code == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "length is baked" in line]
+    fixed = [line for line in result.stderr.splitlines() if "sequence length is fixed" in line]
+    # ViT's 17 patches: the image's size fixes the length, no input has a sequence dim.
+    assert bool(fixed) == ("sequence_length_fixed" in truth)
+    if fixed:
+        assert f"is fixed at {truth['sequence_length_fixed']} in this model" in fixed[0]
     if name not in BAKED:
         assert not warned
         return
