@@ -27,8 +27,9 @@ SCORE_SIDE_OPS = frozenset(
     "Div Mul Add Sub Where Cast Reshape Identity Clip Tanh Max Min Squeeze Unsqueeze".split()
 )
 PROBS_SIDE_OPS = frozenset("Cast Dropout Identity Where Reshape Mul Squeeze Unsqueeze".split())
-# K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
+# Between an Einsum's scores and the Softmax, these would move the axis the Softmax reads.
 RESHAPING_OPS = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten"))
+# K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
 KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsqueeze Tile".split())
 MAX_SIDE_DEPTH = 8
 MAX_MASK_NODES = 80

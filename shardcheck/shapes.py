@@ -349,11 +349,12 @@ class ShapeInference:
         dims: list[Dim] = []
         for axis in range(len(equation.output)):
             # The dims an output axis is summed or broadcast from: as broadcasting them.
-            held = [
-                (None if shapes[position] is None else shapes[position][at],)  # type: ignore[index]
-                for position, at in equation.sources(axis) or ()
-            ]
-            dims.append(_broadcast(held)[0] if held else None)  # type: ignore[index]
+            held: list[Shape] = []
+            for position, at in equation.sources(axis) or ():
+                shape = shapes[position]
+                held.append((None if shape is None else shape[at],))
+            merged = _broadcast(held) if held else None
+            dims.append(merged[0] if merged else None)
         return [TensorInfo(tuple(dims))]
 
     def _elementwise(self, node: Node) -> list[TensorInfo] | None:
