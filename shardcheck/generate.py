@@ -167,6 +167,7 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
         )
     k_idx, v_idx, kv_rank = _kv_axes(index, layers, options)
     warnings.extend(_fixed_length_warning(index, shapes, layers))
+    warnings.extend(_shapeless_mask_warning(index, shapes, layers))
 
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()
@@ -235,6 +236,28 @@ def _fixed_length_warning(
         "it symbolic). CP shards it at that length only if no rank's slice reaches those "
         f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens "
         f"{length},{2 * length}'"
+    ]
+
+
+def _shapeless_mask_warning(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+) -> list[str]:
+    """A warning for masks whose shape is not fully known: the frontier cannot tell whether
+    they carry the queries. A mask serving several layers (XLNet's) is named once."""
+    shapeless: dict[str, AttentionLayer] = {}
+    for layer in layers:
+        for mask in layer.masks:
+            if None in (shapes.shape(mask) or (None,)):
+                shapeless.setdefault(mask, layer)
+    if not shapeless:
+        return []
+    mask, layer = next(iter(shapeless.items()))
+    more = f" (and {len(shapeless) - 1} more)" if len(shapeless) > 1 else ""
+    return [
+        f"{index.source}: the shape of {mask}{more}, which layer {layer.name} combines with "
+        "its scores, is not fully known (shape inference could not follow the graph there), "
+        "so gen cannot tell whether each rank needs a slice of it; CP may not be exact: "
+        f"check with 'shardcheck verify {index.source} HINTS --ranks N'"
     ]
 
 

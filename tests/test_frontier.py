@@ -234,6 +234,52 @@ def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
     return _opset17_model(graph)
 
 
+def _mask_of_unknown_shape() -> onnx.ModelProto:
+    """A mask [batch, S, S] that blocks the first query's first key, made by ScatterND, whose
+    shape gen does not infer. It is sized from x: each rank that makes it from its slice of x
+    makes it for its own first query."""
+    weights, scores = _scores_of("x")
+    constants = [
+        *(oh.make_tensor(f"i{n}", TensorProto.INT64, [1], [n]) for n in (0, 1, 2)),
+        oh.make_tensor("first", TensorProto.INT64, [1, 3], [0, 0, 0]),
+        oh.make_tensor("blocked", TensorProto.FLOAT, [1], [-1e4]),
+    ]
+    zeros = oh.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+    nodes = [
+        *scores,
+        oh.make_node("Shape", ["x"], ["x_shape"], name="x_shape"),
+        oh.make_node("Slice", ["x_shape", "i0", "i2"], ["batch_seq"], name="batch_seq"),
+        oh.make_node("Slice", ["x_shape", "i1", "i2"], ["seq"], name="seq"),
+        oh.make_node("Concat", ["batch_seq", "seq"], ["mask_shape"], name="mask_shape", axis=0),
+        oh.make_node("ConstantOfShape", ["mask_shape"], ["zeros"], name="zeros", value=zeros),
+        oh.make_node("ScatterND", ["zeros", "first", "blocked"], ["mask"], name="mask"),
+        oh.make_node("Add", ["scores", "mask"], ["masked"], name="masked"),
+        oh.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "scattered_mask",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *constants],
+    )
+    return _opset17_model(graph)
+
+
+def test_a_mask_of_unknown_shape_is_warned_of(tmp_path: Path) -> None:
+    model = _mask_of_unknown_shape()
+    index = GraphIndex(model)
+    warnings = generate(index, GenOptions()).warnings
+    assert any(
+        "the shape of mask, which layer scores combines with its scores, is not fully known" in w
+        for w in warnings
+    ), warnings
+    # The warning is true: each rank blocks its own first query.
+    for ranks in (2, 4):
+        assert not _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 @pytest.mark.parametrize(("queries_of", "warned"), [("q", True), ("k_t", False)])
 def test_a_cut_computed_from_the_length_of_a_scattered_q_is_warned_of(
     queries_of: str, warned: bool, tmp_path: Path
