@@ -51,6 +51,11 @@ def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def simulated_lengths(report: Any) -> list[tuple[int, bool]]:
+    """The lengths a verify report simulated CP at, each with whether it matched."""
+    return [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")]
+
+
 @pytest.fixture
 def fixture_model() -> Any:
     def get(name: str) -> Path:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, run_cli, simulated_lengths
 
 from shardcheck import GenOptions, generate, load_index, simulate, verify
 from shardcheck.errors import AnalysisError
@@ -135,9 +135,7 @@ def test_default_hints_shard_a_baked_length_model_at_its_traced_length(
     baked = [f for f in report.findings if f.code == "SC002"]
     assert len(baked) == 1 and baked[0].level == "warning"
     assert baked[0].tensor in {node["node"] for node in truth["baked_length_nodes"]}
-    assert [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")] == [
-        (traced, True)
-    ]
+    assert simulated_lengths(report) == [(traced, True)]
 
 
 @pytest.mark.parametrize("name", POSITION_DEPENDENT)

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import ANCHORS, FIXTURES, GOLDEN, attention_model, read_json, run_cli
+from conftest import (
+    ANCHORS,
+    FIXTURES,
+    GOLDEN,
+    attention_model,
+    read_json,
+    run_cli,
+    simulated_lengths,
+)
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GraphIndex, verify
@@ -363,10 +371,6 @@ def test_baked_length_is_reported_whichever_length_comes_first(tmp_path: Path) -
     assert "runs at sequence length 8 but not at 16" in report.errors[0].message
 
 
-def _simulated(report: Any) -> list[tuple[int, bool]]:
-    return [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")]
-
-
 def test_a_baked_length_is_simulated_there_and_a_match_makes_it_a_warning(tmp_path: Path) -> None:
     # gen cuts Q, K and V after the Reshapes that hold the length: every rank computes them
     # whole, so CP is exact at the traced length.
@@ -382,7 +386,7 @@ def test_a_baked_length_is_simulated_there_and_a_match_makes_it_a_warning(tmp_pa
         "the CP simulation on 2 ranks matched at 8: these hints shard it at that length "
         "only" in report.sorted_findings()[0].message
     )
-    assert _simulated(report) == [(8, True)]
+    assert simulated_lengths(report) == [(8, True)]
 
 
 def test_a_baked_length_that_the_slices_reach_fails_the_simulation_there(tmp_path: Path) -> None:
@@ -396,7 +400,7 @@ def test_a_baked_length_that_the_slices_reach_fails_the_simulation_there(tmp_pat
         ("SC201", f"{BAKED_MHA}_output_0"),
     ]
     assert "the CP simulation on 2 ranks at 8 did not pass" in report.sorted_findings()[0].message
-    assert _simulated(report) == [(8, False)]
+    assert simulated_lengths(report) == [(8, False)]
 
 
 def test_a_position_table_cut_by_gen_shards_a_fixed_length_model(tmp_path: Path) -> None:
