@@ -13,6 +13,9 @@ from shardcheck.graph import Dim
 # size a model runs at.
 SAMPLE_SIZES = (1, 2, 3, 4, 7, 8, 16, 64, 1000, 4096)
 
+# Dim names that stand for a batch (the feeds give them 1 by default).
+BATCH_LIKE = re.compile(r"batch|^(bs|b|n)$", re.IGNORECASE)
+
 _FUNCTIONS = {"Max": max, "Min": min}
 # Longer dims are not read: the exporter's run to a few dozen characters, and a parse or a
 # walk of a deeply nested expression could exhaust the stack or the memory.

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from shardcheck.dim_expressions import BATCH_LIKE
 from shardcheck.errors import InputError
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints
@@ -35,7 +36,6 @@ from shardcheck.shapes import ShapeInference
 if TYPE_CHECKING:
     import onnxruntime
 
-BATCH_LIKE = re.compile(r"batch|^(bs|b|n)$", re.IGNORECASE)
 MASK_LIKE = re.compile(r"mask", re.IGNORECASE)
 BATCH_DIM_DEFAULT = 1
 OTHER_DIM_DEFAULT = 2

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from shardcheck.axes import carries
 from shardcheck.baked import baked_lengths
 from shardcheck.detect import AttentionLayer, detect_attention
+from shardcheck.dim_expressions import BATCH_LIKE
 from shardcheck.errors import AnalysisError, InputError, ModelError
 from shardcheck.frontier import find_frontier
 from shardcheck.graph import Dim, GraphIndex, Shape, gc_paused
@@ -329,6 +330,8 @@ def _graph_io(
         shape = shapes.shape(name)
         axis = next((i for i, d in enumerate(shape or ()) if carries(d, seq)), None)
         if axis is None:
+            axis = _only_symbolic_axis(shape)
+        if axis is None:
             axis = guess_seq_len_idx_by_name(shape, default_idx)
         return ShardTensor(name, axis, len(shape) if shape is not None else default_rank)
 
@@ -339,6 +342,17 @@ def _graph_io(
         tensor(name, options.o_idx, options.o_rank) for name in dependent_graph_outputs(index, ends)
     )
     return inputs, outputs
+
+
+def _only_symbolic_axis(shape: Shape | None) -> int | None:
+    """The one axis with a symbolic dim that is not a batch, if there is one: where the
+    query axis has a fixed size (Whisper's positions, 8), its input's frames still vary."""
+    axes = [
+        axis
+        for axis, dim in enumerate(shape or ())
+        if isinstance(dim, str) and not BATCH_LIKE.search(dim)
+    ]
+    return axes[0] if len(axes) == 1 else None
 
 
 def _fused(options: GenOptions) -> FusedAttention:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, read_json
 from onnx import TensorProto, helper
 
 from shardcheck.dtypes import infer_elem_types
@@ -18,6 +18,8 @@ from shardcheck.loader import load_index
 from shardcheck.ranks import untyped_output
 
 REAL = sorted((FIXTURES / "real").glob("*.onnx"))
+# A model that runs at one length only (TRUTH.json's traced_seq_len) is run at that length.
+TRUTH = read_json(FIXTURES / "real" / "TRUTH.json")
 
 
 def _declared(model: onnx.ModelProto) -> dict[str, int]:
@@ -35,7 +37,7 @@ def test_inferred_types_are_those_of_the_values_onnxruntime_computes(path: Path)
     produced = [name for node in model.graph.node for name in node.output if name]
     declared = {o.name for o in model.graph.output}
     model.graph.output.extend(untyped_output(n) for n in produced if n not in declared)
-    dims = resolve_dims(index, ShardHints(), 8, {})
+    dims = resolve_dims(index, ShardHints(), TRUTH[path.stem].get("traced_seq_len", 8), {})
     values = run_model(model, make_feeds(index, dims, seed=0))
     checked = [name for name in produced if name in inferred]
     assert len(checked) >= 0.95 * len(produced), "the rules should cover exporters' graphs"

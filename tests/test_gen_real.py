@@ -29,6 +29,9 @@ SHARDABLE = sorted(
 NO_EXACT_HINTS = sorted(name for name, truth in TRUTH.items() if "no_exact_hints" in truth)
 # Models whose sequence length is baked into Reshape constants (TRUTH.json names the nodes).
 BAKED = sorted(name for name, truth in TRUTH.items() if truth.get("baked_length_nodes"))
+# Models that run at their traced length only: those, and Whisper's encoder (its position
+# table is added whole).
+TRACED_LENGTH_ONLY = sorted(name for name, truth in TRUTH.items() if "traced_seq_len" in truth)
 # Positions or a causal mask computed from the sequence length inside the model.
 POSITION_DEPENDENT = sorted(
     name for name in SHARDABLE if TRUTH[name]["positions"] != "none" or TRUTH[name]["causal"]
@@ -49,6 +52,7 @@ def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     assert NO_EXACT_HINTS == ["ts_einsum_causal", "ts_gptneo_tiny"]
     assert {"ts_einsum_attention", "dynamo_einsum_causal"} <= set(SHARDABLE)
     assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder"]
+    assert TRACED_LENGTH_ONLY == [*BAKED, "ts_whisper_encoder"]
     assert {"ts_gpt2_tiny", "ts_llama_tiny_gqa", "ts_bert_tiny", "dynamo_llama_tiny_gqa"} <= set(
         POSITION_DEPENDENT
     )
@@ -104,10 +108,11 @@ def test_gen_warns_of_a_fixed_or_baked_length_where_the_model_has_one(
         assert name in NO_EXACT_HINTS, result.stderr
     warned = [line for line in result.stderr.splitlines() if "length is baked" in line]
     fixed = [line for line in result.stderr.splitlines() if "sequence length is fixed" in line]
-    # ViT's 17 patches: the image's size fixes the length, no input has a sequence dim.
-    assert bool(fixed) == ("sequence_length_fixed" in truth)
+    # ViT's 17 patches (the image's size fixes them) and Whisper's 8 positions (its table's).
+    positions = truth.get("sequence_length_fixed", truth.get("fixed_positions"))
+    assert bool(fixed) == (positions is not None)
     if fixed:
-        assert f"is fixed at {truth['sequence_length_fixed']} in this model" in fixed[0]
+        assert f"is fixed at {positions} in this model" in fixed[0]
     if name not in BAKED:
         assert not warned
         return
@@ -121,11 +126,12 @@ def test_gen_warns_of_a_fixed_or_baked_length_where_the_model_has_one(
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("name", BAKED)
-def test_default_hints_shard_a_baked_length_model_at_its_traced_length(
+@pytest.mark.parametrize("name", TRACED_LENGTH_ONLY)
+def test_default_hints_shard_a_model_at_the_one_length_it_runs_at(
     name: str, ranks: int, tmp_path: Path
 ) -> None:
-    # The cuts fall after the Reshapes that hold the length: they compute whole on every rank.
+    # The cuts fall after the Reshapes that hold the length (they compute whole on every
+    # rank), or scatter the position table with the positions (Whisper).
     truth = TRUTH[name]
     traced = truth["traced_seq_len"]
     report = verify(
@@ -134,7 +140,7 @@ def test_default_hints_shard_a_baked_length_model_at_its_traced_length(
     assert report.ok, report.render_text()
     baked = [f for f in report.findings if f.code == "SC002"]
     assert len(baked) == 1 and baked[0].level == "warning"
-    assert baked[0].tensor in {node["node"] for node in truth["baked_length_nodes"]}
+    assert baked[0].tensor in truth["ort_failing_nodes"]
     assert simulated_lengths(report) == [(traced, True)]
 
 
