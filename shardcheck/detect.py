@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardcheck.einsum import context_roles, node_equation, score_roles
-from shardcheck.graph import GraphIndex, Node, raw_values
+from shardcheck.graph import Dim, GraphIndex, Node, raw_values
 from shardcheck.patterns.polygraphy import match_all
 from shardcheck.shapes import ShapeInference
 
@@ -91,6 +91,13 @@ def detect_attention(
         for match in match_all(index, pattern):
             recognised.setdefault(match.matmul1.index, []).append(pattern)
     return _detect(index, shapes or ShapeInference(index), recognised, look_for_causal=True)
+
+
+def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
+    """The dim on the first layer's query axis (None when unknown)."""
+    first = layers[0]
+    q_shape = shapes.shape(first.q)
+    return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
 
 
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shardcheck.axes import AxisMapper
-from shardcheck.detect import AttentionLayer, reaches_range
+from shardcheck.detect import AttentionLayer, reaches_range, sequence_dim
 from shardcheck.dim_expressions import always_one, mentions
 from shardcheck.graph import SHAPE_OPS, Dim, GraphIndex, Node
 from shardcheck.shapes import ShapeInference
@@ -69,9 +69,7 @@ def find_frontier(
     result = Frontier()
     if not layers:
         return result
-    first = layers[0]
-    q_shape = shapes.shape(first.q)
-    seq = q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+    seq = sequence_dim(shapes, layers)
     mapper = AxisMapper(index, shapes, seq)
     derived = data_derived(index)
     seeds = list(_seeds(index, shapes, mapper, layers))

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from shardcheck.axes import carries
 from shardcheck.baked import baked_lengths
-from shardcheck.detect import AttentionLayer, detect_attention
+from shardcheck.detect import AttentionLayer, detect_attention, sequence_dim
 from shardcheck.dim_expressions import BATCH_LIKE
 from shardcheck.errors import AnalysisError, InputError, ModelError
 from shardcheck.frontier import find_frontier
-from shardcheck.graph import Dim, GraphIndex, Shape, gc_paused
+from shardcheck.graph import GraphIndex, Shape, gc_paused
 from shardcheck.hints import (
     AttentionLayerHint,
     DistCollective,
@@ -201,13 +201,6 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
 
 
-def _sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
-    """The dim on the first layer's query axis."""
-    first = layers[0]
-    q_shape = shapes.shape(first.q)
-    return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
-
-
 def _fixed_length_warning(
     index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
 ) -> list[str]:
@@ -215,7 +208,7 @@ def _fixed_length_warning(
     size, or a Reshape holds the traced length."""
     if not layers:
         return []
-    seq = _sequence_dim(shapes, layers)
+    seq = sequence_dim(shapes, layers)
     if isinstance(seq, int):
         return [
             f"{index.source}: the sequence length is fixed at {seq} in this model (the query "
@@ -324,7 +317,7 @@ def _graph_io(
 ) -> tuple[tuple[ShardTensor, ...], tuple[ShardTensor, ...]]:
     """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes."""
     ends = [index.nodes[index.producer[layer.output]] for layer in layers]
-    seq = _sequence_dim(shapes, layers)
+    seq = sequence_dim(shapes, layers)
 
     def tensor(name: str, default_idx: int, default_rank: int | None) -> ShardTensor:
         shape = shapes.shape(name)
