@@ -8,6 +8,8 @@ from ``shardcheck gen`` where that is the point of the test.
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from conftest import FIXTURES, GOLDEN, attention_model, run_cli
 from onnx import TensorProto, helper
 
 from shardcheck import load_index, read_hints, verify
-from shardcheck.background import InBackground
+from shardcheck.background import HANDOFF_INTERVAL, InBackground
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, resolve_dims, run_model
 from shardcheck.generate import generate
@@ -449,6 +451,41 @@ def test_a_background_call_hands_its_value_or_its_exception_to_the_caller() -> N
     assert failing.wait(10.0)
     with pytest.raises(ValueError, match="not a number"):
         failing.result()
+
+
+def test_the_switch_interval_is_lowered_while_background_calls_run_and_restored_after() -> None:
+    found = sys.getswitchinterval()
+    assert found > HANDOFF_INTERVAL  # the interpreter's default, 5 ms
+    first_release, second_release = threading.Event(), threading.Event()
+
+    def interval_when(released: threading.Event) -> float:
+        assert released.wait(10.0)
+        return sys.getswitchinterval()
+
+    first = InBackground("t", interval_when, first_release)
+    second = InBackground("t", interval_when, second_release)
+    assert sys.getswitchinterval() == pytest.approx(HANDOFF_INTERVAL)
+    first_release.set()
+    assert first.result() == pytest.approx(HANDOFF_INTERVAL)
+    # The other call still runs: the interval stays low until it ends.
+    assert sys.getswitchinterval() == pytest.approx(HANDOFF_INTERVAL)
+    second_release.set()
+    assert second.result() == pytest.approx(HANDOFF_INTERVAL)
+    assert sys.getswitchinterval() == found
+
+
+def test_an_interval_changed_while_a_background_call_runs_is_left_as_set() -> None:
+    found = sys.getswitchinterval()
+    release = threading.Event()
+    call = InBackground("t", release.wait, 10.0)
+    try:
+        sys.setswitchinterval(0.001)  # the program's own choice, made meanwhile
+        release.set()
+        call.result()
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        release.set()
+        sys.setswitchinterval(found)
 
 
 def _stages(simulator: RankSimulator) -> list[Any]:
