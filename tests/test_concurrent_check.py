@@ -213,6 +213,32 @@ def test_the_child_walks_the_nodes_and_the_parent_takes_what_it_found(
     assert walks == [parent]
 
 
+def test_verifys_read_hands_over_the_bytes_without_the_walk_when_nothing_can_be_external(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[str] = []
+    real = loader._scan_nodes
+
+    def counted(model: Any) -> Any:
+        walks.append(model.graph.name)
+        return real(model)
+
+    monkeypatch.setattr(loader, "_scan_nodes", counted)
+    # The file never spells "location": no tensor of it can be external.
+    assert b"location" not in MODEL.read_bytes()
+    parsed = parse_model(MODEL, keep_bytes=True)
+    assert parsed.serialized == MODEL.read_bytes()
+    assert parsed.external_tensors() == []
+    assert walks == []
+    parsed.check()  # the walk is still made for the check (duplicate node names)
+    assert len(walks) == 1
+    # A Constant with external data spells it: the walk finds it before the bytes are handed.
+    external = parse_model(_with_external_constant(tmp_path, "table.bin"), keep_bytes=True)
+    assert external.serialized is None
+    assert [t.name for t in external.external_tensors()] == ["table"]
+    assert len(walks) == 2
+
+
 @pytest.fixture
 def quiet_fault_handler() -> Iterator[None]:
     """A child process dies on purpose in the test: pytest's fault handler need not report it."""
