@@ -40,7 +40,7 @@ from shardcheck.feeds import (
     run_model,
     sequence_dims,
 )
-from shardcheck.graph import SHAPE_OPS, GraphIndex
+from shardcheck.graph import SHAPE_OPS, GraphIndex, gc_paused
 from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
 from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
@@ -123,6 +123,7 @@ class ReferenceRun:
     outputs: Mapping[str, np.ndarray]
 
 
+@gc_paused()  # as verify: many small objects, no cycles
 def simulate(
     model_path: str | os.PathLike[str],
     hints: ShardHints | str | os.PathLike[str],

@@ -8,6 +8,8 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import shardcheck
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "attention.onnx"
@@ -39,14 +41,29 @@ def test_gen_does_not_import_onnxruntime_or_deepdiff(tmp_path: Path) -> None:
     assert out.stdout.split() == ["[]"]
 
 
-def test_generate_pauses_the_cyclic_collector_and_restores_its_state() -> None:
-    import gc
-
-    from shardcheck import GenOptions, generate, load_index
+def _analyses(name: str) -> tuple[Callable[[], object], Callable[[], object]]:
+    """The analysis ``name`` runs, with the collector left as it is, and the call itself."""
+    from shardcheck import GenOptions, generate, load_index, simulate, verify
     from shardcheck.generate import _generate_detected
 
-    index = load_index(FIXTURE.parent / "real" / "dynamo_llama_tiny_gqa.onnx")
-    options = GenOptions()
+    model = FIXTURE.parent / "real" / "dynamo_llama_tiny_gqa.onnx"
+    hints = FIXTURE.parents[1] / "golden" / "real" / "dynamo_llama_tiny_gqa.json"
+    if name == "generate":
+        index, options = load_index(model), GenOptions()
+        return lambda: _generate_detected(index, options), lambda: generate(index, options)
+    if name == "verify":
+        return lambda: verify.__wrapped__(model, hints), lambda: verify(model, hints)
+    return (
+        lambda: simulate.__wrapped__(model, hints, ranks=2, seq_len=8),
+        lambda: simulate(model, hints, ranks=2, seq_len=8),
+    )
+
+
+@pytest.mark.parametrize("name", ["generate", "verify", "simulate"])
+def test_the_analyses_pause_the_cyclic_collector_and_restore_its_state(name: str) -> None:
+    import gc
+
+    unpaused, call = _analyses(name)
     collections: list[str] = []
 
     def count(phase: str, info: object) -> None:
@@ -64,11 +81,11 @@ def test_generate_pauses_the_cyclic_collector_and_restores_its_state() -> None:
     gc.callbacks.append(count)
     try:
         # The same analysis with the collector running collects many times.
-        assert collections_during(lambda: _generate_detected(index, options)) > 10
+        assert collections_during(unpaused) > 10
         for enabled in (True, False):
             (gc.enable if enabled else gc.disable)()
             # At most one: the one the first allocation after the pause sets off.
-            assert collections_during(lambda: generate(index, options)) <= 1
+            assert collections_during(call) <= 1
             assert gc.isenabled() is enabled
     finally:
         gc.callbacks.remove(count)
