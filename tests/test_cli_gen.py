@@ -287,3 +287,44 @@ def test_a_hinted_tensor_of_unknown_rank_is_warned_of(tmp_path: Path) -> None:
     assert rankless
     assert f"the rank of 1 hinted tensor is not known ({rankless[0]})" in result.stderr
     assert "declare its shape in the model's value_info" in result.stderr
+
+
+def test_the_console_command_runs_without_the_cyclic_collector(tmp_path: Path) -> None:
+    """It leaves with os._exit: the collector would only walk what the command made."""
+    code = (
+        "import gc, os, sys\n"
+        "from shardcheck.cli import main\n"
+        "collections, parent, real_exit = [], os.getpid(), os._exit\n"
+        "gc.callbacks.append(lambda phase, info: collections.append(phase))\n"
+        "def leave(code):\n"
+        "    if os.getpid() == parent:  # not gen's checker child\n"
+        "        print(code, len(collections), gc.isenabled(), flush=True)\n"
+        "    real_exit(code)\n"
+        "os._exit = leave\n"
+        "sys.argv = ['shardcheck', 'gen', sys.argv[1], '-o', sys.argv[2]]\n"
+        "main()\n"
+    )
+    model = FIXTURES / "real" / "dynamo_llama_tiny_gqa.onnx"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(model), str(tmp_path / "hints.json")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.split() == ["0", "0", "False"]
+    golden = GOLDEN / "real" / "dynamo_llama_tiny_gqa.json"
+    assert read_json(tmp_path / "hints.json") == read_json(golden)
+
+
+def test_gen_hands_the_model_it_read_to_the_console_commands_exit(tmp_path: Path) -> None:
+    """Freed one object at a time, a large model's index takes tens of milliseconds; the
+    console command's exit frees it with the process instead."""
+    from shardcheck.cli import KeptUntilExit, cli
+    from shardcheck.graph import GraphIndex
+
+    kept = KeptUntilExit()
+    model, out = FIXTURES / "attention_head.onnx", tmp_path / "hints.json"
+    code = cli.main(["gen", str(model), "-o", str(out)], standalone_mode=False, obj=kept)
+    assert code == 0
+    assert [type(o) for o in kept if isinstance(o, GraphIndex)] == [GraphIndex]
+    assert read_json(out) == read_json(GOLDEN / "attention_head.json")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from shardcheck.cli import warning_line
+from shardcheck.cli import keep_until_exit, warning_line
 from shardcheck.cli.arguments import INT_LIST
 from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
@@ -136,6 +136,7 @@ def gen(model: str, output: str, **options: object) -> int:
     for warning in result.warnings:
         warning_line(warning)
     write_hints(output, result.hints)
+    keep_until_exit(parsed, index)
     return 0
 
 
