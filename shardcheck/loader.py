@@ -157,7 +157,11 @@ class ParsedModel:
         child make it (see concurrent_check), beside the analysis. External tensors in
         attributes are refused here as initializers are by the parse."""
         if self._scan is None:
-            duplicates, in_nodes = _scan_nodes(self.model)
+            if self._spells_no_location():  # no tensor can be external: the names only
+                names = [node.name for node in self.model.graph.node]
+                duplicates, in_nodes = _duplicate_names(names), []
+            else:
+                duplicates, in_nodes = _scan_nodes(self.model)
             _check_external_tensors(in_nodes, self._file, "tensor in a node attribute")
             initializers = self._initializers
             self._scan = _Scan(
@@ -329,19 +333,29 @@ def _scan_initializers(model: onnx.ModelProto) -> _InitializerScan:
     return _InitializerScan([initializers[i] for i in positions], positions)
 
 
-def _scan_nodes(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
-    """One pass over the main graph's nodes: duplicate node names, and the external tensors
-    in attributes (then in functions)."""
-    external: list[onnx.TensorProto] = []
+def _duplicate_names(names: list[str]) -> set[str]:
+    """The node names given more than once ("" is no name)."""
+    named = set(names)
+    named.discard("")
+    if len(named) == len(names) - names.count(""):
+        return set()
     seen: set[str] = set()
     duplicates: set[str] = set()
+    for name in names:
+        if name in seen:
+            duplicates.add(name)
+        elif name:
+            seen.add(name)
+    return duplicates
+
+
+def _scan_nodes(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto]]:
+    """The walk over the main graph's nodes: duplicate node names, and the external tensors
+    in attributes (then in functions)."""
+    names: list[str] = []
+    external: list[onnx.TensorProto] = []
     for node in model.graph.node:
-        name = node.name
-        if name:
-            if name in seen:
-                duplicates.add(name)
-            else:
-                seen.add(name)
+        names.append(node.name)
         for attribute in node.attribute:
             kind = attribute.type
             if kind == _TENSOR:
@@ -353,7 +367,7 @@ def _scan_nodes(model: onnx.ModelProto) -> tuple[set[str], list[onnx.TensorProto
                 )
     for function in model.functions:
         external.extend(t for t in node_tensors(function.node) if t.data_location == _EXTERNAL)
-    return duplicates, external
+    return _duplicate_names(names), external
 
 
 def _check_external_tensors(

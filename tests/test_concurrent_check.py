@@ -213,7 +213,7 @@ def test_the_child_walks_the_nodes_and_the_parent_takes_what_it_found(
     assert walks == [parent]
 
 
-def test_verifys_read_hands_over_the_bytes_without_the_walk_when_nothing_can_be_external(
+def test_verifys_read_skips_the_walk_over_the_attributes_when_nothing_can_be_external(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     walks: list[str] = []
@@ -230,13 +230,20 @@ def test_verifys_read_hands_over_the_bytes_without_the_walk_when_nothing_can_be_
     assert parsed.serialized == MODEL.read_bytes()
     assert parsed.external_tensors() == []
     assert walks == []
-    parsed.check()  # the walk is still made for the check (duplicate node names)
-    assert len(walks) == 1
+    parsed.check()  # the check reads the node names only
+    assert walks == []
+    # Duplicate names are still refused so.
+    model = onnx.load(MODEL)
+    model.graph.node[1].name = model.graph.node[0].name = "same"
+    onnx.save(model, tmp_path / "duplicates.onnx")
+    with pytest.raises(ModelError, match="duplicate node names 'same'"):
+        parse_model(tmp_path / "duplicates.onnx", keep_bytes=True).check()
+    assert walks == []
     # A Constant with external data spells it: the walk finds it before the bytes are handed.
     external = parse_model(_with_external_constant(tmp_path, "table.bin"), keep_bytes=True)
     assert external.serialized is None
     assert [t.name for t in external.external_tensors()] == ["table"]
-    assert len(walks) == 2
+    assert len(walks) == 1
 
 
 @pytest.fixture
