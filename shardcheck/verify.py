@@ -97,7 +97,7 @@ def verify(
         hints_source, hints = str(hints), read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
     index = index_parsed(parsed)
-    # onnxruntime loads the model while the checker and the analysis run (the session is only
+    # onnxruntime loads the model while the analysis and the checker run (the session is only
     # used once both have passed); the weights must fit first.
     check_weights(index)
     early = {layer.q: layer for layer in layer_tensors(index)}
@@ -105,17 +105,26 @@ def verify(
     pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
     simulation: Simulation | ShardcheckError | None = None
     try:
-        parsed.check()
-        shapes = ShapeInference(index)
-        layers = detect_attention(index, shapes)
-        by_q = {layer.q: layer for layer in layers}
-        check_static(index, shapes, hints, layers, report)
-        choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
-        runtime = RuntimeCheck(index, hints, by_q, report, seed, timeout, progress, shapes=shapes)
-        if ranks is not None:
-            simulation = _prepared_simulation(
-                model_path, hints, hints_source, ranks, index, layers, shapes
+        try:
+            shapes = ShapeInference(index)
+            layers = detect_attention(index, shapes)
+            by_q = {layer.q: layer for layer in layers}
+            check_static(index, shapes, hints, layers, report)
+            choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
+            runtime = RuntimeCheck(
+                index, hints, by_q, report, seed, timeout, progress, shapes=shapes
             )
+            if ranks is not None:
+                simulation = _prepared_simulation(
+                    model_path, hints, hints_source, ranks, index, layers, shapes
+                )
+            runtime.prepare(pending, list(seq_lens), choose)
+        except Exception:
+            parsed.check()  # the checker's verdict on an invalid model comes first
+            raise
+        # The checker holds the GIL for its whole run, and onnxruntime takes the GIL back
+        # most often early in the making of the session: checked last, the session waits less.
+        parsed.check()
         runtime.run(pending, list(seq_lens), choose)
         # A model that runs only at its traced length is simulated there.
         baked = runtime.baked.ran_at if runtime.baked is not None else ()

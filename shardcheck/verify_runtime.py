@@ -73,11 +73,13 @@ class RuntimeCheck:
         # Per length: the dims of the run and its graph outputs (the CP simulation's reference).
         self.graph_outputs: dict[int, tuple[dict[str, int], dict[str, np.ndarray]]] = {}
         self.baked: BakedLength | None = None
+        self._walks: _Walks | None = None
 
-    def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
-        watched = pending.watched
-        # Every length fits in memory, or nothing runs. Only the sequence dim differs between
-        # the runs and no tensor shrinks as it grows: the longest run is the one to check.
+    def prepare(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
+        """What needs no run, done while the session is made: every length fits in memory,
+        or nothing runs (InputError), and the graph walks of the comparison."""
+        # Only the sequence dim differs between the runs and no tensor shrinks as it grows:
+        # the longest run is the one to check.
         longest = max(seq_lens)
         check_memory(
             self.index,
@@ -85,10 +87,14 @@ class RuntimeCheck:
             seq_len=longest,
             shapes=self.shapes,
             layers=self.by_q.values(),
-            kept=watched,
+            kept=pending.watched,
         )
-        # The graph walks of the comparison need no run: done while the session is made.
-        walks = self._graph_walks()
+        self._walks = self._graph_walks()
+
+    def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
+        """The runs, once ``prepare`` has been made."""
+        walks = self._walks
+        assert walks is not None, "RuntimeCheck.prepare comes first"
         session = pending.session(self.progress)
         shapes_by_len: dict[int, dict[str, tuple[int, ...]]] = {}
         failures: dict[int, tuple[str, dict[str, int]]] = {}

@@ -23,7 +23,7 @@ from conftest import (
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GraphIndex, verify
-from shardcheck.errors import HintsFormatError, InputError
+from shardcheck.errors import HintsFormatError, InputError, ModelError
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
 
@@ -759,3 +759,21 @@ def test_a_kv_index_inside_one_layer_s_rank_is_no_sc103(tmp_path: Path) -> None:
     assert outside.message == (
         "k_seq_len_idx 4 is outside the rank 4 of the gathered K (its largest)"
     )
+
+
+def test_the_checkers_verdict_comes_before_what_the_analysis_refuses(tmp_path: Path) -> None:
+    """The checker runs after the analysis (it holds the GIL, and onnxruntime is making the
+    session meanwhile); on an invalid model, its verdict is still the one given."""
+    model = onnx.load(FIXTURES / "attention_head.onnx")
+    model.graph.node[0].op_type = "NoSuchOp"
+    path = tmp_path / "invalid.onnx"
+    onnx.save(model, path)
+    # Valid, the model would be refused for the --dim: the analysis reads the dims first.
+    with pytest.raises(ModelError, match=r"fails onnx\.checker.*NoSuchOp"):
+        verify(path, GOLDEN / "attention_head.json", dims={"no_such_dim": 4})
+    with pytest.raises(InputError, match="no dim 'no_such_dim'"):
+        verify(
+            FIXTURES / "attention_head.onnx",
+            GOLDEN / "attention_head.json",
+            dims={"no_such_dim": 4},
+        )
