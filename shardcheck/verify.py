@@ -29,6 +29,7 @@ from shardcheck.feeds import (
 from shardcheck.graph import GraphIndex, gc_paused
 from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
+from shardcheck.lifetime import keep_until_exit
 from shardcheck.loader import index_parsed, parse_model
 from shardcheck.options import DEFAULT_SEQ_LENS
 from shardcheck.report import ERROR, INFO, Report
@@ -155,6 +156,7 @@ def verify(
                     simulation, settings, lengths, choose, runtime, report, progress
                 )
         runtime.report_baked(matched, ranks)
+        keep_until_exit(pending, simulation, runtime, shapes, index, parsed)
     except Exception:
         # No onnxruntime work is left running behind an error: a process that ends while a
         # session is being made crashes.

@@ -316,15 +316,18 @@ def test_the_console_command_runs_without_the_cyclic_collector(tmp_path: Path) -
     assert read_json(tmp_path / "hints.json") == read_json(golden)
 
 
-def test_gen_hands_the_model_it_read_to_the_console_commands_exit(tmp_path: Path) -> None:
+def test_gen_hands_the_model_it_read_to_the_console_commands_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Freed one object at a time, a large model's index takes tens of milliseconds; the
-    console command's exit frees it with the process instead."""
-    from shardcheck.cli import KeptUntilExit, cli
+    console command's exit frees it with the process instead (lifetime.py)."""
+    from shardcheck import lifetime
     from shardcheck.graph import GraphIndex
 
-    kept = KeptUntilExit()
-    model, out = FIXTURES / "attention_head.onnx", tmp_path / "hints.json"
-    code = cli.main(["gen", str(model), "-o", str(out)], standalone_mode=False, obj=kept)
-    assert code == 0
-    assert [type(o) for o in kept if isinstance(o, GraphIndex)] == [GraphIndex]
+    out = tmp_path / "hints.json"
+    assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
+    assert lifetime._kept is None  # nothing is kept unless the console command asked
+    monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
+    assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
+    assert [type(o) for o in lifetime._kept if isinstance(o, GraphIndex)] == [GraphIndex]
     assert read_json(out) == read_json(GOLDEN / "attention_head.json")

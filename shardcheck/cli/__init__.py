@@ -20,6 +20,7 @@ import click
 
 from shardcheck.cli.arguments import expand_list_options
 from shardcheck.errors import ShardcheckError
+from shardcheck.lifetime import free_at_exit
 
 EXIT_OK = 0
 EXIT_INPUT_ERROR = 2  # findings and differences are 1: the commands return it
@@ -32,18 +33,6 @@ def error_line(message: str) -> None:
 
 def warning_line(message: str) -> None:
     click.echo(f"shardcheck: warning: {' '.join(str(message).split())}", err=True)
-
-
-class KeptUntilExit(list[object]):
-    """What a command made and no longer needs, handed to the console command (``main``),
-    whose exit frees it with the process: freed one object at a time, the index and parsed
-    protobuf of a 32k-node model take ~20 ms. In-process callers (tests) have none of it."""
-
-
-def keep_until_exit(*objects: object) -> None:
-    kept = click.get_current_context().find_object(KeptUntilExit)
-    if kept is not None:
-        kept.extend(objects)
 
 
 # Each command's module is imported when the command runs (or --help lists it): ``gen`` need
@@ -149,12 +138,12 @@ def main() -> None:
     "terminate called without an active exception"), whose exit code would replace the
     verdict's. Everything it writes is flushed or closed first.
 
-    The cyclic collector is off for the process: what a command makes lives until that exit,
-    and the collector would only walk it (after gen's analysis of a 32k-node model, one
-    collection of 15 ms over the index it keeps for the end of the command)."""
+    That exit frees what the command made, too (lifetime.py), and the cyclic collector is off
+    for the process: it would only walk what lives until then (after gen's analysis of a
+    32k-node model, one collection of 15 ms over the index it keeps for the end)."""
     gc.disable()
-    kept = KeptUntilExit()
-    code = cli.main(standalone_mode=False, obj=kept)
+    free_at_exit()
+    code = cli.main(standalone_mode=False)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (| head) says no more
             stream.flush()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from shardcheck.cli import keep_until_exit, warning_line
+from shardcheck.cli import warning_line
 from shardcheck.cli.arguments import INT_LIST
 from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
@@ -15,6 +15,7 @@ from shardcheck.generate import generate
 from shardcheck.graph import gc_paused
 from shardcheck.hints import REDUCE_OPS
 from shardcheck.hints_file import write_hints
+from shardcheck.lifetime import keep_until_exit
 from shardcheck.loader import index_parsed, parse_model
 from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 
