@@ -21,6 +21,13 @@ def free_at_exit() -> None:
         _kept = []
 
 
+def free_when_done() -> None:
+    """For a command of many models (check): what each one made is freed when it is done,
+    not kept until the exit, where it would all add up."""
+    global _kept
+    _kept = None
+
+
 def keep_until_exit(*objects: object) -> None:
     if _kept is not None:
         _kept.extend(objects)

@@ -10,6 +10,7 @@ from shardcheck.cli.arguments import FORMAT_OPTION
 from shardcheck.errors import InputError
 from shardcheck.fsio import atomic_write_text, output_target, same_file
 from shardcheck.gate import looks_like_a_golden, run_check
+from shardcheck.lifetime import free_when_done
 from shardcheck.manifest import Manifest, find_manifest, load_manifest
 
 
@@ -35,6 +36,7 @@ def check(
     Exit 0 if all match, 1 if any model differs, has no golden, fails or a golden is stale,
     2 if the manifest cannot be used.
     """
+    free_when_done()  # many models, one after the other
     if manifest == "":
         raise InputError("--manifest '': the manifest path is empty")
     loaded = load_manifest(find_manifest() if manifest is None else manifest)
