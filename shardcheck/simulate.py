@@ -43,6 +43,7 @@ from shardcheck.feeds import (
 from shardcheck.graph import SHAPE_OPS, GraphIndex, gc_paused
 from shardcheck.hints import ShardHints, validated
 from shardcheck.hints_file import read_hints
+from shardcheck.lifetime import keep_until_exit
 from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
 from shardcheck.ranks import RankFailure, RankSimulator, RankValues, ort_errors, untyped_output
 from shardcheck.shapes import ShapeInference
@@ -148,7 +149,9 @@ def simulate(
     except InputError:
         simulation.settle()
         raise
-    return simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
+    result = simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
+    keep_until_exit(simulation)  # its sessions: freed by the console command's exit
+    return result
 
 
 def _check_ranks(ranks: int) -> None:
