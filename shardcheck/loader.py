@@ -118,8 +118,9 @@ class ParsedModel:
     """A model read and parsed, whose ``onnx.checker`` validation is still to run (``check``).
 
     verify hands the model to onnxruntime first, and runs the checker while onnxruntime loads
-    it (the checker holds the GIL, onnxruntime does not). Everything else ``read_model``
-    refuses (unreadable files, external data outside the model's directory) is refused here.
+    it (the checker holds the GIL for its whole run, onnxruntime only now and then). Everything
+    else ``read_model`` refuses (unreadable files, external data outside the model's
+    directory) is refused here.
     """
 
     def __init__(
