@@ -13,6 +13,10 @@ collectives run in numpy, with the meaning of their attributes:
 
 Collectives always span all ranks; other ``groups`` or ``group_size`` are refused. ``root`` and
 ``nb_rank`` do not change what these three collectives compute.
+
+Stages of one form (stage_forms.py: a transformer's layers) run on one session, made from the
+first of them (their leader) with the weights they read as inputs; the runs feed each stage's
+own weights: a model of L layers makes a few stage sessions instead of about 3L.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from shardcheck.errors import InputError
 from shardcheck.feeds import make_session
 from shardcheck.graph import attribute_graphs
 from shardcheck.shard import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
+from shardcheck.stage_forms import stage_form
 
 ALL_REDUCE = "all_reduce"
 REDUCERS = {
@@ -63,9 +68,10 @@ class RankFailure(Exception):
 
 @dataclass
 class _Ahead:
-    """A stage's session made ahead of the runs by a worker, for inputs of ``types``."""
+    """A stage's session made ahead of the runs by a worker, for inputs of ``types`` (in the
+    order of the stage's inputs); one for all the stages of a form."""
 
-    types: dict[str, int]
+    types: tuple[int, ...]
     state: str = "pending"  # -> "making" (a worker took it) or "skipped" (left to the runs)
     done: threading.Event = field(default_factory=threading.Event)
     session: Any = None
@@ -81,6 +87,9 @@ class _Stage:
     produced: list[str]  # every tensor the stage makes (the diagnostic outputs)
     sessions: dict[tuple[frozenset[str], bool], Any] = field(default_factory=dict)
     ahead: _Ahead | None = None
+    # Of a stage that shares its leader's session (``ahead``): the weights fed as inputs.
+    leader: _Stage | None = None
+    lifted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,7 @@ class RankSimulator:
         self._check_groups()
         self.session_runs = 0
         self._ahead_lock = threading.Lock()
+        self._lifted_values: dict[str, np.ndarray] = {}
         self._make_sessions_ahead(graph)
 
     @property
@@ -223,14 +233,45 @@ class RankSimulator:
             if i.type.tensor_type.elem_type
         )
         types = infer_elem_types(self.nodes, known, same_as_input=COLLECTIVE_OP)
-        queue = []
-        for step in self.steps:
-            if isinstance(step, _Stage) and all(name in types for name in step.inputs):
-                step.ahead = _Ahead({name: types[name] for name in step.inputs})
-                queue.append(step)
+        typed = [
+            step
+            for step in self.steps
+            if isinstance(step, _Stage) and all(name in types for name in step.inputs)
+        ]
+        for stage in typed:
+            stage.ahead = _Ahead(tuple(types[name] for name in stage.inputs))
+        self._share_sessions(typed)
+        queue = [stage for stage in typed if stage.leader in (None, stage)]
         pending = iter(queue)
         for worker in range(min(AHEAD_WORKERS, len(queue))):
             InBackground(f"shardcheck-stages-{worker}", self._make_ahead, pending)
+
+    def _share_sessions(self, stages: list[_Stage]) -> None:
+        """Stages of one form (two or more) share the ahead session of the first, which is
+        made with their weights as inputs. Only stages with the same op types are compared."""
+        by_ops: dict[tuple[str, ...], list[_Stage]] = {}
+        for stage in stages:
+            by_ops.setdefault(tuple(node.op_type for node in stage.nodes), []).append(stage)
+        for same_ops in by_ops.values():
+            if len(same_ops) < 2:
+                continue
+            by_form: dict[Any, list[tuple[_Stage, tuple[str, ...]]]] = {}
+            for stage in same_ops:
+                assert stage.ahead is not None
+                form = stage_form(
+                    stage.nodes,
+                    stage.reads,
+                    stage.inputs,
+                    stage.ahead.types,
+                    stage.outputs,
+                    self.weights,
+                )
+                if form is not None:
+                    by_form.setdefault(form.key, []).append((stage, form.lifted))
+            for members in by_form.values():
+                leader = members[0][0]
+                for stage, lifted in members if len(members) > 1 else ():
+                    stage.leader, stage.lifted, stage.ahead = leader, lifted, leader.ahead
 
     def _make_ahead(self, pending: Iterator[_Stage]) -> None:
         """One worker: the sessions of the stages no one has taken yet, in order."""
@@ -238,8 +279,12 @@ class RankSimulator:
             ahead = stage.ahead
             assert ahead is not None
             try:
-                declared = {name: (elem, None) for name, elem in ahead.types.items()}
-                model = self._stage_model(stage, frozenset(), declared, stage.outputs)
+                declared = {
+                    name: (elem, None) for name, elem in zip(stage.inputs, ahead.types, strict=True)
+                }
+                model = self._stage_model(
+                    stage, frozenset(), declared, stage.outputs, lifted=stage.lifted
+                )
                 ahead.session = make_session(model, self.weights_dir)
             except Exception:  # the runs make this stage's session again, and report its error
                 ahead.session = None
@@ -279,9 +324,36 @@ class RankSimulator:
                 ahead.state = "skipped"
                 return None
         ahead.done.wait()
-        if any(_elem_type(feeds[name]) != elem for name, elem in ahead.types.items()):
+        if any(
+            _elem_type(feeds[name]) != elem
+            for name, elem in zip(stage.inputs, ahead.types, strict=True)
+        ):
             return None
         return ahead.session
+
+    def _run_on_leader(self, stage: _Stage, feeds: Mapping[str, np.ndarray]) -> list[Any] | None:
+        """The stage's outputs from the session it shares with its form, or None when that
+        session is not there or fails (the stage's own session then runs it, and names its
+        own nodes in any error)."""
+        leader = stage.leader
+        assert leader is not None
+        session = self._ahead_session(stage, feeds)
+        if session is not None:
+            shared = {to: feeds[name] for name, to in zip(stage.inputs, leader.inputs, strict=True)}
+            for name, to in zip(stage.lifted, leader.lifted, strict=True):
+                shared[to] = self._lifted_value(name)
+            try:
+                return session.run(leader.outputs, shared)
+            except ort_errors():
+                pass
+        stage.leader, stage.lifted, stage.ahead = None, (), None
+        return None
+
+    def _lifted_value(self, name: str) -> np.ndarray:
+        value = self._lifted_values.get(name)
+        if value is None:
+            value = self._lifted_values[name] = numpy_helper.to_array(self.weights[name])
+        return value
 
     # ----------------------------------------------------------------- running
 
@@ -347,6 +419,11 @@ class RankSimulator:
         cut = {name for node in stage.nodes if node.name in removed for name in node.output}
         outputs = [name for name in wanted if name not in cut]
         try:
+            if stage.leader is not None and not removed and not diagnostic:
+                shared = self._run_on_leader(stage, feeds)
+                if shared is not None:
+                    self.session_runs += 1
+                    return dict(zip(outputs, shared, strict=True))
             session = stage.sessions.get((removed, diagnostic))
             if session is None and not removed and not diagnostic:
                 session = self._ahead_session(stage, feeds)
@@ -371,9 +448,10 @@ class RankSimulator:
         removed: frozenset[str],
         declared: Mapping[str, tuple[int, int | None]],
         outputs: list[str],
+        lifted: tuple[str, ...] = (),
     ) -> onnx.ModelProto:
         """The stage as a model; ``declared``: each input's element type and rank (None:
-        any rank)."""
+        any rank); ``lifted``: weights that are inputs instead of initializers."""
         kept = [i for i, node in enumerate(stage.nodes) if node.name not in removed]
         nodes = [stage.nodes[i] for i in kept]
         used = {name for i in kept for name in stage.reads[i]}
@@ -382,12 +460,15 @@ class RankSimulator:
             elem, ndim = declared[name]
             shape = None if ndim is None else [None] * ndim
             inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        for name in lifted:
+            weight = self.weights[name]
+            inputs.append(helper.make_tensor_value_info(name, weight.data_type, weight.dims))
         graph = helper.make_graph(
             nodes,
             f"stage_{stage.level}",
             inputs,
             [untyped_output(name) for name in outputs],
-            [self.weights[name] for name in sorted(used & set(self.weights))],
+            [self.weights[name] for name in sorted(used.intersection(self.weights) - set(lifted))],
         )
         model = helper.make_model(
             graph,

@@ -1,0 +1,222 @@
+"""Stages of one form share one onnxruntime session (stage_forms.py, ranks.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES, GOLDEN
+from onnx import TensorProto, helper, numpy_helper
+
+from shardcheck import load_index, read_hints
+from shardcheck.feeds import make_feeds, resolve_dims
+from shardcheck.generate import generate
+from shardcheck.hints import DistCollective
+from shardcheck.options import GenOptions
+from shardcheck.ranks import RankFailure, RankSimulator
+from shardcheck.shard import (
+    ALL_GATHER,
+    COLLECTIVE_OP,
+    ShardedModel,
+    collective_attributes,
+    shard_model,
+)
+from shardcheck.simulate import simulate
+from shardcheck.stage_forms import stage_form
+
+REAL = FIXTURES / "real"
+
+
+def _weight(name: str, values: list[float], dtype: Any = np.float32) -> TensorProto:
+    return numpy_helper.from_array(np.array(values, dtype=dtype), name)
+
+
+def _scale_stage(prefix: str, weight: str, alpha: float = 1.0) -> tuple[list[Any], list[list[str]]]:
+    """x -> Mul by ``weight`` -> LeakyRelu(alpha): the tensors named after ``prefix``."""
+    nodes = [
+        helper.make_node("Mul", [f"{prefix}_in", weight], [f"{prefix}_mul"], name=f"{prefix}_m"),
+        helper.make_node("LeakyRelu", [f"{prefix}_mul"], [f"{prefix}_out"], alpha=alpha),
+    ]
+    return nodes, [list(node.input) for node in nodes]
+
+
+def _form(prefix: str, weight: str, weights: dict[str, TensorProto], alpha: float = 1.0) -> Any:
+    nodes, reads = _scale_stage(prefix, weight, alpha)
+    return stage_form(
+        nodes, reads, [f"{prefix}_in"], [TensorProto.FLOAT], [f"{prefix}_out"], weights
+    )
+
+
+def test_stages_differing_in_names_and_weight_values_are_of_one_form() -> None:
+    weights = {"w0": _weight("w0", [1.0, 2.0]), "w1": _weight("w1", [3.0, 4.0])}
+    first, second = _form("a", "w0", weights), _form("b", "w1", weights)
+    assert first is not None and second is not None
+    assert first.key == second.key
+    assert (first.lifted, second.lifted) == (("w0",), ("w1",))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["attribute", "weight shape", "weight type", "input type", "output"],
+)
+def test_what_a_session_computes_tells_forms_apart(change: str) -> None:
+    weights = {"w0": _weight("w0", [1.0, 2.0]), "w1": _weight("w1", [3.0, 4.0])}
+    if change == "weight shape":
+        weights["w1"] = _weight("w1", [3.0, 4.0, 5.0])
+    if change == "weight type":
+        weights["w1"] = _weight("w1", [3.0, 4.0], np.float16)
+    first = _form("a", "w0", weights)
+    nodes, reads = _scale_stage("b", "w1", 0.5 if change == "attribute" else 1.0)
+    input_type = TensorProto.FLOAT16 if change == "input type" else TensorProto.FLOAT
+    output = "b_mul" if change == "output" else "b_out"
+    second = stage_form(nodes, reads, ["b_in"], [input_type], [output], weights)
+    assert first is not None and second is not None
+    assert first.key != second.key
+
+
+def test_external_weights_stay_initializers_known_by_name() -> None:
+    weights = {"w0": _weight("w0", [1.0, 2.0]), "w1": _weight("w1", [3.0, 4.0])}
+    for tensor in weights.values():
+        tensor.data_location = TensorProto.EXTERNAL
+    first, second = _form("a", "w0", weights), _form("b", "w1", weights)
+    assert first is not None and second is not None
+    assert first.lifted == second.lifted == ()
+    assert first.key != second.key
+    again = _form("c", "w0", weights)
+    assert again is not None and again.key == first.key  # the same external weight
+
+
+def test_a_stage_with_subgraphs_has_no_form() -> None:
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["a_in"], ["inner"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("inner", TensorProto.FLOAT, None)],
+    )
+    node = helper.make_node("If", ["cond"], ["a_out"], then_branch=branch, else_branch=branch)
+    form = stage_form(
+        [node],
+        [["cond", "a_in"]],
+        ["cond", "a_in"],
+        [TensorProto.BOOL, TensorProto.FLOAT],
+        ["a_out"],
+        {},
+    )
+    assert form is None
+
+
+# --------------------------------------------------------------------------- the simulator
+
+
+def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The sessions the simulator makes (real ones), as they are made."""
+    module = sys.modules["shardcheck.ranks"]
+    make = module.make_session
+    made: list[Any] = []
+
+    def counted(*args: Any) -> Any:
+        session = make(*args)
+        made.append(session)
+        return session
+
+    monkeypatch.setattr(module, "make_session", counted)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("name", "lifts"), [("ts_transformer_encoder", False), ("dynamo_einsum_causal", True)]
+)
+def test_stages_of_one_form_run_on_one_session_with_their_own_weights(
+    name: str, lifts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layers' stages share their leader's session; each rank's values are those of the
+    simulation with one session per stage, bit for bit (the same kernels on the same data)."""
+    path = REAL / f"{name}.onnx"
+    hints = read_hints(GOLDEN / "real" / f"{name}.json")
+    index = load_index(path)
+    sharded = shard_model(index, hints)
+    feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
+
+    made = _count_sessions(monkeypatch)
+    shared = RankSimulator(sharded, index.model, 2)
+    stages = [step for step in shared.steps if hasattr(step, "sessions")]
+    members = [stage for stage in stages if stage.leader not in (None, stage)]
+    assert members
+    assert all(stage.ahead is stage.leader.ahead for stage in members)
+    assert any(stage.lifted for stage in members) == lifts  # weights read, or none
+    shared_values = shared.run(feeds)
+    # One session per stage that leads a form or has none; the members made none.
+    assert len(made) == len(stages) - len(members)
+    assert all(not stage.sessions for stage in members)
+
+    monkeypatch.setattr(RankSimulator, "_share_sessions", lambda self, stages: None)
+    apart = RankSimulator(sharded, index.model, 2).run(feeds)
+    for rank in range(2):
+        assert shared_values.per_rank[rank].keys() == apart.per_rank[rank].keys()
+        for tensor, value in apart.per_rank[rank].items():
+            assert np.array_equal(shared_values.per_rank[rank][tensor], value), tensor
+
+
+def _two_reshapes(second_rows: int) -> tuple[ShardedModel, onnx.ModelProto]:
+    """x -> Reshape to [2, -1] -> all_gather -> Reshape to [second_rows, -1]: two stages of
+    one form (a Reshape by a weight of two int64s), the second fed twice the first's output."""
+    gather = helper.make_node(COLLECTIVE_OP, ["first_out"], ["gathered"], name="gather")
+    gather.attribute.extend(collective_attributes(DistCollective(), ALL_GATHER))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "rows_first"], ["first_out"], name="first"),
+            gather,
+            helper.make_node("Reshape", ["gathered", "rows_second"], ["y"], name="second"),
+        ],
+        "two_reshapes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            _weight("rows_first", [2, -1], np.int64),
+            _weight("rows_second", [second_rows, -1], np.int64),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return ShardedModel(model), model
+
+
+def test_a_stage_runs_on_its_leaders_session_with_its_own_weights() -> None:
+    sharded, model = _two_reshapes(second_rows=8)
+    simulator = RankSimulator(sharded, model, 2)
+    first, second = [step for step in simulator.steps if hasattr(step, "sessions")]
+    assert second.leader is first and second.lifted == ("rows_second",)
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    values = simulator.run({"x": x})
+    expected = np.concatenate([x.reshape(2, -1)] * 2).reshape(8, -1)
+    for rank_values in values.per_rank:
+        assert np.array_equal(rank_values["y"], expected)
+    assert not second.sessions  # it ran on the leader's
+
+
+def test_a_stage_its_shared_session_cannot_run_fails_on_its_own_node(tmp_path: Path) -> None:
+    """48 values cannot take 5 rows: the shared session fails, the stage's own session runs
+    it again and its error names the stage's own node, not the leader's."""
+    sharded, model = _two_reshapes(second_rows=5)
+    simulator = RankSimulator(sharded, model, 2)
+    second = [step for step in simulator.steps if hasattr(step, "sessions")][1]
+    assert second.leader is not None
+    with pytest.raises(RankFailure) as failure:
+        simulator.run({"x": np.zeros((4, 6), dtype=np.float32)})
+    assert failure.value.node == "second"
+    assert second.leader is None and second.sessions  # from now on, its own session
+
+
+def test_a_simulation_on_shared_sessions_matches_the_single_device_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = "dynamo_llama_tiny_gqa"
+    index = load_index(REAL / f"{name}.onnx")
+    hints = generate(index, GenOptions()).hints
+    made = _count_sessions(monkeypatch)
+    result = simulate(REAL / f"{name}.onnx", hints, ranks=2, seq_len=8)
+    assert result.ok, result.summary()
+    assert len(made) < result.stages  # the stage sessions (the single-device one is apart)
