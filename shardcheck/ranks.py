@@ -177,9 +177,13 @@ class RankSimulator:
             for name in node.output:
                 level[name] = at + 1 if _is_collective(node) else at
         read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
+        copied = self._copied_constants(graph_outputs)
+        placed_in_readers = set(copied.values())
         # The nodes of each level, in order (one pass: a model has hundreds of levels).
         by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
         for position, at in enumerate(node_levels):
+            if position in placed_in_readers:
+                continue
             by_level[at].append(position)
             # A collective reads its input after the stage of its level has run.
             reader = at + 0.5 if _is_collective(self.nodes[position]) else at
@@ -190,13 +194,33 @@ class RankSimulator:
         for at, here in enumerate(by_level):
             members = [i for i in here if not _is_collective(self.nodes[i])]
             if members:
-                steps.append(self._stage(at, members, read_at))
+                steps.append(self._stage(at, members, read_at, copied))
             steps.extend(_collective(self.nodes[i]) for i in here if _is_collective(self.nodes[i]))
         return steps
 
-    def _stage(self, at: int, members: list[int], read_at: dict[str, float]) -> _Stage:
-        nodes = [self.nodes[i] for i in members]
-        reads = [self.reads[i] for i in members]
+    def _copied_constants(self, graph_outputs: list[str]) -> dict[str, int]:
+        """Constant nodes copied into each stage that reads them, by output: the first stage
+        would otherwise compute every layer's constants and hand them on, and the layers'
+        stages, holding their own, are of one form (stage_forms.py). Not those a collective
+        reads or the graph outputs."""
+        kept = set(graph_outputs)
+        copied: dict[str, int] = {}
+        for position, node in enumerate(self.nodes):
+            if _is_collective(node):
+                kept.update(node.input)
+            elif _is_constant(node) and len(node.output) == 1:
+                copied[node.output[0]] = position
+        return {name: position for name, position in copied.items() if name not in kept}
+
+    def _stage(
+        self, at: int, members: list[int], read_at: dict[str, float], copied: dict[str, int]
+    ) -> _Stage:
+        constants = {
+            copied[name]: None for i in members for name in self.reads[i] if name in copied
+        }
+        order = [*constants, *members]  # constants read no tensor: first is in order
+        nodes = [self.nodes[i] for i in order]
+        reads = [self.reads[i] for i in order]
         produced = [name for node in nodes for name in node.output if name]
         made = set(produced)
         inputs: dict[str, None] = {}
@@ -204,7 +228,7 @@ class RankSimulator:
             for name in names:
                 if name and name not in made and name not in self.weights:
                     inputs.setdefault(name)
-        outputs = [name for name in produced if read_at.get(name, -1.0) > at]
+        outputs = [name for name in produced if read_at.get(name, -1.0) > at and name not in copied]
         return _Stage(at, nodes, reads, list(inputs), outputs, produced)
 
     def _check_groups(self) -> None:
@@ -516,6 +540,10 @@ class RankSimulator:
 
 
 # --------------------------------------------------------------------------- graph helpers
+
+
+def _is_constant(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
 
 
 def _is_collective(node: onnx.NodeProto) -> bool:

@@ -220,3 +220,60 @@ def test_a_simulation_on_shared_sessions_matches_the_single_device_run(
     result = simulate(REAL / f"{name}.onnx", hints, ranks=2, seq_len=8)
     assert result.ok, result.summary()
     assert len(made) < result.stages  # the stage sessions (the single-device one is apart)
+
+
+# --------------------------------------------------------------------------- constants
+
+
+def test_each_stage_computes_the_constants_it_reads() -> None:
+    """A Constant node is copied into every stage that reads it instead of being computed by
+    the first stage and handed on: no stage hands on a constant, and the layers' stages,
+    holding their own constants, are of one form."""
+    name = "ts_einsum_causal"
+    index = load_index(REAL / f"{name}.onnx")
+    simulator = RankSimulator(
+        shard_model(index, read_hints(GOLDEN / "real" / f"{name}.json")), index.model, 2
+    )
+    stages = [step for step in simulator.steps if hasattr(step, "sessions")]
+    constants = {node.output[0] for node in simulator.nodes if node.op_type == "Constant"}
+    assert constants
+    for stage in stages:
+        made_here = {name for node in stage.nodes for name in node.output}
+        assert not constants.intersection(stage.inputs)
+        assert not constants.intersection(stage.outputs)
+        read = {name for names in stage.reads for name in names}
+        assert constants & read <= made_here
+    members = [stage for stage in stages if stage.leader not in (None, stage)]
+    assert any(node.op_type == "Constant" for stage in members for node in stage.nodes)
+
+
+def _constant_to_collective_and_output() -> onnx.ModelProto:
+    """A Constant all-gathered and another that is a graph output: both stay computed once,
+    by the stage of their level."""
+    gather = helper.make_node(COLLECTIVE_OP, ["rows"], ["gathered"], name="gather")
+    gather.attribute.extend(collective_attributes(DistCollective(), ALL_GATHER))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["rows"], name="rows", value=_weight("v", [1.0, 2.0])),
+            helper.make_node("Constant", [], ["kept"], name="kept", value=_weight("k", [3.0])),
+            gather,
+            helper.make_node("Add", ["gathered", "x"], ["y"], name="add"),
+        ],
+        "constants",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("kept", TensorProto.FLOAT, None),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_constants_a_collective_reads_or_the_graph_returns_are_handed_on() -> None:
+    model = _constant_to_collective_and_output()
+    simulator = RankSimulator(ShardedModel(model), model, 2)
+    x = np.array([10.0, 20.0, 30.0, 40.0], dtype=np.float32)
+    values = simulator.run({"x": x})
+    for rank_values in values.per_rank:
+        assert np.array_equal(rank_values["y"], x + np.array([1, 2, 1, 2], dtype=np.float32))
+        assert np.array_equal(rank_values["kept"], np.array([3.0], dtype=np.float32))
