@@ -169,15 +169,21 @@ class RankSimulator:
     # ----------------------------------------------------------------- planning
 
     def _plan(self, graph_inputs: set[str], graph_outputs: list[str]) -> list[_Stage | _Collective]:
+        collective = [_is_collective(node) for node in self.nodes]
         level = dict.fromkeys(set(self.weights) | graph_inputs, 0)
+        level_of = level.get
         node_levels: list[int] = []
-        for node, reads in zip(self.nodes, self.reads, strict=True):
-            at = max((level.get(name, 0) for name in reads if name), default=0)
+        for node, reads, gathers in zip(self.nodes, self.reads, collective, strict=True):
+            at = 0
+            for name in reads:
+                here = level_of(name, 0)
+                if here > at:
+                    at = here
             node_levels.append(at)
             for name in node.output:
-                level[name] = at + 1 if _is_collective(node) else at
+                level[name] = at + 1 if gathers else at
         read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
-        copied = self._copied_constants(graph_outputs)
+        copied = self._copied_constants(graph_outputs, collective)
         placed_in_readers = set(copied.values())
         # The nodes of each level, in order (one pass: a model has hundreds of levels).
         by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
@@ -186,19 +192,20 @@ class RankSimulator:
                 continue
             by_level[at].append(position)
             # A collective reads its input after the stage of its level has run.
-            reader = at + 0.5 if _is_collective(self.nodes[position]) else at
+            reader = at + 0.5 if collective[position] else at
             for name in self.reads[position]:
-                read_at[name] = max(read_at.get(name, -1.0), reader)
+                if read_at.get(name, -1.0) < reader:
+                    read_at[name] = reader
 
         steps: list[_Stage | _Collective] = []
         for at, here in enumerate(by_level):
-            members = [i for i in here if not _is_collective(self.nodes[i])]
+            members = [i for i in here if not collective[i]]
             if members:
                 steps.append(self._stage(at, members, read_at, copied))
-            steps.extend(_collective(self.nodes[i]) for i in here if _is_collective(self.nodes[i]))
+            steps.extend(_collective(self.nodes[i]) for i in here if collective[i])
         return steps
 
-    def _copied_constants(self, graph_outputs: list[str]) -> dict[str, int]:
+    def _copied_constants(self, graph_outputs: list[str], collective: list[bool]) -> dict[str, int]:
         """Constant nodes copied into each stage that reads them, by output: the first stage
         would otherwise compute every layer's constants and hand them on, and the layers'
         stages, holding their own, are of one form (stage_forms.py). Not those a collective
@@ -206,7 +213,7 @@ class RankSimulator:
         kept = set(graph_outputs)
         copied: dict[str, int] = {}
         for position, node in enumerate(self.nodes):
-            if _is_collective(node):
+            if collective[position]:
                 kept.update(node.input)
             elif _is_constant(node) and len(node.output) == 1:
                 copied[node.output[0]] = position

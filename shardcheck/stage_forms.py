@@ -65,10 +65,10 @@ def stage_form(
             if name:
                 position[name] = len(position)
         wiring.append(len(node.output))
-        if node.attribute:
-            if any(attribute.type in _SUBGRAPHS for attribute in node.attribute):
+        for attribute in node.attribute:
+            if attribute.type in _SUBGRAPHS:
                 return None
-            wiring.extend(attribute.SerializeToString() for attribute in node.attribute)
+            wiring.append(attribute.SerializeToString())
         key.append(tuple(wiring))
     key.append(tuple(position[name] for name in outputs))
     return StageForm(tuple(key), tuple(lifted))
