@@ -21,6 +21,7 @@ own weights: a model of L layers makes a few stage sessions instead of about 3L.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -371,11 +372,11 @@ class RankSimulator:
         session = self._ahead_session(stage, feeds)
         if session is not None:
             shared = {to: feeds[name] for name, to in zip(stage.inputs, leader.inputs, strict=True)}
-            for name, to in zip(stage.lifted, leader.lifted, strict=True):
-                shared[to] = self._lifted_value(name)
             try:
+                for name, to in zip(stage.lifted, leader.lifted, strict=True):
+                    shared[to] = self._lifted_value(name)
                 return session.run(leader.outputs, shared)
-            except ort_errors():
+            except (*ort_errors(), OSError, ValueError):
                 pass
         stage.leader, stage.lifted, stage.ahead = None, (), None
         return None
@@ -383,7 +384,12 @@ class RankSimulator:
     def _lifted_value(self, name: str) -> np.ndarray:
         value = self._lifted_values.get(name)
         if value is None:
-            value = self._lifted_values[name] = numpy_helper.to_array(self.weights[name])
+            tensor = self.weights[name]
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                value = _mapped(tensor, self.weights_dir)
+            else:
+                value = numpy_helper.to_array(tensor)
+            self._lifted_values[name] = value
         return value
 
     # ----------------------------------------------------------------- running
@@ -547,6 +553,20 @@ class RankSimulator:
 
 
 # --------------------------------------------------------------------------- graph helpers
+
+
+def _mapped(tensor: onnx.TensorProto, weights_dir: Path | None) -> np.ndarray:
+    """An external weight, mapped from its file (ValueError or OSError when it cannot be)."""
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    shape = tuple(tensor.dims)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if weights_dir is None or int(entries.get("length") or nbytes) != nbytes:
+        raise ValueError(f"tensor {tensor.name!r}: its external data cannot be mapped")
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    offset = int(entries.get("offset") or 0)
+    return np.memmap(weights_dir / entries["location"], dtype, "r", offset, shape)
 
 
 def _is_constant(node: onnx.NodeProto) -> bool:

@@ -3,10 +3,11 @@ and the values of their weights (a transformer's layers), so that one onnxruntim
 serve them all.
 
 A stage's form is its nodes (op type, domain, attributes) wired by position: each tensor is
-known by when the stage first meets it (its inputs first, in their order), and each weight
-kept in the model file stands as one more input of its type and shape (the weight is *lifted*:
-the runs feed its value). Weights in external files are not lifted: they stay initializers of
-the session, known by name, so stages reading different ones are of different forms. A stage
+known by when the stage first meets it (its inputs first, in their order), and each weight it
+reads stands as one more input of its type and shape (the weight is *lifted*: the runs feed
+its value, read from the model or mapped from its external file). Weights of types numpy has
+no dtype of (bfloat16, the float8s, strings) are not lifted: they stay initializers of the
+session, known by name, so stages reading different ones are of different forms. A stage
 whose nodes hold subgraphs has no form (a subgraph reads outer tensors by name).
 """
 
@@ -17,7 +18,11 @@ from dataclasses import dataclass
 
 from shardcheck import protos
 
-_EXTERNAL = protos.TensorProto.EXTERNAL
+_T = protos.TensorProto
+LIFTED_TYPES = frozenset(
+    (_T.FLOAT, _T.DOUBLE, _T.FLOAT16, _T.BOOL, _T.INT8, _T.INT16, _T.INT32, _T.INT64)
+    + (_T.UINT8, _T.UINT16, _T.UINT32, _T.UINT64)
+)
 _SUBGRAPHS = frozenset((protos.AttributeProto.GRAPH, protos.AttributeProto.GRAPHS))
 
 
@@ -54,7 +59,7 @@ def stage_form(
                 weight = weights.get(name)
                 if weight is None:  # not read in order: no form to trust
                     return None
-                if weight.data_location == _EXTERNAL:
+                if weight.data_type not in LIFTED_TYPES:
                     wiring.append(name)
                     continue
                 position[name] = at

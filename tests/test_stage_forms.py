@@ -17,7 +17,7 @@ from shardcheck.feeds import make_feeds, resolve_dims
 from shardcheck.generate import generate
 from shardcheck.hints import DistCollective
 from shardcheck.options import GenOptions
-from shardcheck.ranks import RankFailure, RankSimulator
+from shardcheck.ranks import RankFailure, RankSimulator, _mapped
 from shardcheck.shard import (
     ALL_GATHER,
     COLLECTIVE_OP,
@@ -78,16 +78,27 @@ def test_what_a_session_computes_tells_forms_apart(change: str) -> None:
     assert first.key != second.key
 
 
-def test_external_weights_stay_initializers_known_by_name() -> None:
+def test_external_weights_are_lifted_as_the_others() -> None:
     weights = {"w0": _weight("w0", [1.0, 2.0]), "w1": _weight("w1", [3.0, 4.0])}
     for tensor in weights.values():
         tensor.data_location = TensorProto.EXTERNAL
     first, second = _form("a", "w0", weights), _form("b", "w1", weights)
     assert first is not None and second is not None
+    assert (first.lifted, second.lifted) == (("w0",), ("w1",))
+    assert first.key == second.key
+
+
+def test_weights_numpy_has_no_dtype_of_stay_initializers_known_by_name() -> None:
+    weights = {
+        name: helper.make_tensor(name, TensorProto.BFLOAT16, [2], [1.0, 2.0])
+        for name in ("w0", "w1")
+    }
+    first, second = _form("a", "w0", weights), _form("b", "w1", weights)
+    assert first is not None and second is not None
     assert first.lifted == second.lifted == ()
     assert first.key != second.key
     again = _form("c", "w0", weights)
-    assert again is not None and again.key == first.key  # the same external weight
+    assert again is not None and again.key == first.key  # the same weight
 
 
 def test_a_stage_with_subgraphs_has_no_form() -> None:
@@ -174,7 +185,7 @@ def _two_reshapes(second_rows: int) -> tuple[ShardedModel, onnx.ModelProto]:
         ],
         "two_reshapes",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])],
         [
             _weight("rows_first", [2, -1], np.int64),
             _weight("rows_second", [second_rows, -1], np.int64),
@@ -277,3 +288,41 @@ def test_constants_a_collective_reads_or_the_graph_returns_are_handed_on() -> No
     for rank_values in values.per_rank:
         assert np.array_equal(rank_values["y"], x + np.array([1, 2, 1, 2], dtype=np.float32))
         assert np.array_equal(rank_values["kept"], np.array([3.0], dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- external weights
+
+
+def test_external_weights_of_a_shared_session_are_mapped_from_their_file(tmp_path: Path) -> None:
+    """A stage on its leader's session is fed its own weights; kept in an external file, they
+    are mapped from it, not read into memory, and the values are those the file holds."""
+    _, model = _two_reshapes(second_rows=8)
+    path = tmp_path / "two_reshapes.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    saved = onnx.load(path, load_external_data=False)  # onnx.checker knows no DistCollective
+    assert all(t.data_location == TensorProto.EXTERNAL for t in saved.graph.initializer)
+    simulator = RankSimulator(ShardedModel(saved), saved, 2, tmp_path)
+    first, second = [step for step in simulator.steps if hasattr(step, "sessions")]
+    assert second.leader is first and second.lifted == ("rows_second",)
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    values = simulator.run({"x": x})
+    expected = np.concatenate([x.reshape(2, -1)] * 2).reshape(8, -1)
+    assert all(np.array_equal(rank_values["y"], expected) for rank_values in values.per_rank)
+    mapped = simulator._lifted_values["rows_second"]
+    assert isinstance(mapped, np.memmap)
+    assert mapped.tolist() == [8, -1]
+    assert not second.sessions  # it ran on the leader's
+
+
+def test_an_external_weight_whose_length_is_not_its_size_is_not_mapped(tmp_path: Path) -> None:
+    """The session the stage shares is left for its own, which onnxruntime makes from the
+    file as the model says (and which reports what is wrong with it)."""
+    tensor = _weight("w", [1.0, 2.0])
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", "4")):
+        tensor.external_data.add(key=key, value=value)
+    (tmp_path / "weights.bin").write_bytes(np.array([1.0, 2.0], dtype=np.float32).tobytes())
+    with pytest.raises(ValueError, match="'w': its external data cannot be mapped"):
+        _mapped(tensor, tmp_path)
+    tensor.external_data[2].value = "8"
+    assert _mapped(tensor, tmp_path).tolist() == [1.0, 2.0]
