@@ -216,7 +216,7 @@ class RankSimulator:
         for position, node in enumerate(self.nodes):
             if collective[position]:
                 kept.update(node.input)
-            elif _is_constant(node) and len(node.output) == 1:
+            elif _is_constant(node) and len(node.output) == 1 and node.output[0]:
                 copied[node.output[0]] = position
         return {name: position for name, position in copied.items() if name not in kept}
 

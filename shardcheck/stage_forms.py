@@ -69,7 +69,7 @@ def stage_form(
         for name in node.output:
             if name:
                 position[name] = len(position)
-        wiring.append(len(node.output))
+        wiring.append(tuple(bool(name) for name in node.output))  # which outputs are made
         for attribute in node.attribute:
             if attribute.type in _SUBGRAPHS:
                 return None

@@ -78,6 +78,28 @@ def test_what_a_session_computes_tells_forms_apart(change: str) -> None:
     assert first.key != second.key
 
 
+def test_which_outputs_a_node_makes_tells_forms_apart() -> None:
+    """Dropout's output or its mask, read the same way after: two computations."""
+
+    def dropout_form(prefix: str, made: list[str]) -> Any:
+        node = helper.make_node("Dropout", [f"{prefix}_in"], made)
+        after = helper.make_node("Relu", [next(name for name in made if name)], [f"{prefix}_out"])
+        return stage_form(
+            [node, after],
+            [[f"{prefix}_in"], list(after.input)],
+            [f"{prefix}_in"],
+            [TensorProto.FLOAT],
+            [f"{prefix}_out"],
+            {},
+        )
+
+    output, mask = dropout_form("a", ["a_y", ""]), dropout_form("b", ["", "b_mask"])
+    assert output is not None and mask is not None
+    assert output.key != mask.key
+    again = dropout_form("c", ["c_y", ""])
+    assert again is not None and again.key == output.key
+
+
 def test_external_weights_are_lifted_as_the_others() -> None:
     weights = {"w0": _weight("w0", [1.0, 2.0]), "w1": _weight("w1", [3.0, 4.0])}
     for tensor in weights.values():
