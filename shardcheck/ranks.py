@@ -301,8 +301,10 @@ class RankSimulator:
                 if form is not None:
                     by_form.setdefault(form.key, []).append((stage, form.lifted))
             for members in by_form.values():
+                if len(members) < 2:
+                    continue
                 leader = members[0][0]
-                for stage, lifted in members if len(members) > 1 else ():
+                for stage, lifted in members:
                     stage.leader, stage.lifted, stage.ahead = leader, lifted, leader.ahead
 
     def _make_ahead(self, pending: Iterator[_Stage]) -> None:
