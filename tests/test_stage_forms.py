@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN
+from conftest import FIXTURES, GOLDEN, simulated_lengths
 from onnx import TensorProto, helper, numpy_helper
 
-from shardcheck import load_index, read_hints
+from shardcheck import load_index, read_hints, verify
 from shardcheck.feeds import make_feeds, resolve_dims
 from shardcheck.generate import generate
 from shardcheck.hints import DistCollective
@@ -348,3 +348,26 @@ def test_an_external_weight_whose_length_is_not_its_size_is_not_mapped(tmp_path:
         _mapped(tensor, tmp_path)
     tensor.external_data[2].value = "8"
     assert _mapped(tensor, tmp_path).tolist() == [1.0, 2.0]
+
+
+def test_verify_simulates_every_length_on_the_shared_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verify simulates at each of its lengths on the sessions made once: with shared
+    sessions it makes fewer and reports exactly what it reports with one per stage."""
+    name = "dynamo_llama_tiny_gqa"
+    index = load_index(REAL / f"{name}.onnx")
+    hints = generate(index, GenOptions()).hints
+
+    def verified() -> tuple[int, list[Any], list[Any]]:
+        made = _count_sessions(monkeypatch)
+        report = verify(REAL / f"{name}.onnx", hints, ranks=2)
+        findings = [(f.code, f.field, f.message) for f in report.findings]
+        return len(made), findings, simulated_lengths(report)
+
+    shared, shared_findings, lengths = verified()
+    assert lengths == [(8, True), (16, True)]
+    monkeypatch.setattr(RankSimulator, "_share_sessions", lambda self, stages: None)
+    apart, apart_findings, _ = verified()
+    assert shared < apart
+    assert shared_findings == apart_findings
