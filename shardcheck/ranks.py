@@ -1,7 +1,9 @@
 """N simulated ranks of a multi-device model, in one process, on the CPU.
 
 The model is cut into stages at its ``DistCollective`` nodes: a node's stage is the number of
-collectives on its longest path from the graph inputs. A stage is one onnxruntime session,
+collectives on its longest path from the graph inputs, but for the work on weights alone (a
+weight's Transpose), done in the stage that reads it, and the ``Constant`` nodes, copied into
+each stage that reads them. A stage is one onnxruntime session,
 built once and run for every rank, or once for all ranks when all its inputs are the same on
 every rank (the replicated graph inputs, an all-gathered tensor). Between stages the
 collectives run in numpy, with the meaning of their attributes:
@@ -186,6 +188,7 @@ class RankSimulator:
         read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
         copied = self._copied_constants(graph_outputs, collective)
         placed_in_readers = set(copied.values())
+        self._defer_weight_work(node_levels, collective, graph_outputs, copied)
         # The nodes of each level, in order (one pass: a model has hundreds of levels).
         by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
         for position, at in enumerate(node_levels):
@@ -205,6 +208,43 @@ class RankSimulator:
                 steps.append(self._stage(at, members, read_at, copied))
             steps.extend(_collective(self.nodes[i]) for i in here if collective[i])
         return steps
+
+    def _defer_weight_work(
+        self,
+        node_levels: list[int],
+        collective: list[bool],
+        graph_outputs: list[str],
+        copied: dict[str, int],
+    ) -> None:
+        """Move the nodes computed from weights and constants alone (a weight's Transpose)
+        to the stage of their first reader: the first stage would otherwise compute every
+        layer's and hand them all on, holding a copy of the weights for the whole run (and
+        the layers' stages, computing their own, are of one form). Not those a collective
+        reads or the graph outputs. ``node_levels`` is changed in place."""
+        static = set(self.weights).union(copied)
+        copies = set(copied.values())
+        movable: list[bool] = []
+        for position, reads in enumerate(self.reads):
+            alone = not collective[position] and all(not name or name in static for name in reads)
+            if alone:
+                static.update(self.nodes[position].output)
+            movable.append(alone and position not in copies)
+        kept = set(graph_outputs)
+        first_read: dict[str, int] = {}  # tensor -> the lowest level of a stage reading it
+        for position in range(len(self.nodes) - 1, -1, -1):
+            at = node_levels[position]
+            if collective[position]:
+                kept.update(self.reads[position])
+                continue
+            outputs = [name for name in self.nodes[position].output if name]
+            if movable[position] and not kept.intersection(outputs):
+                later = min(
+                    (first_read[name] for name in outputs if name in first_read), default=at
+                )
+                node_levels[position] = at = max(at, later)
+            for name in self.reads[position]:
+                if first_read.get(name, at + 1) > at:
+                    first_read[name] = at
 
     def _copied_constants(self, graph_outputs: list[str], collective: list[bool]) -> dict[str, int]:
         """Constant nodes copied into each stage that reads them, by output: the first stage

@@ -38,6 +38,7 @@ STEPS = st.sampled_from(
         ("transpose_twice",),
         ("add_constant", 1.0),
         ("add_constant", 2.0),
+        ("add_negated_weight",),
     ]
 )
 
@@ -89,6 +90,8 @@ class _Builder:
                 tensor = self.node("Add", [tensor, first])
             elif kind == "softmax":
                 tensor = self.node("Softmax", [tensor], axis=step[1])
+            elif kind == "add_negated_weight":  # a node computed from a weight alone
+                tensor = self.node("Add", [tensor, self.node("Neg", [self.weight(3)])])
             elif kind == "transpose_twice":
                 tensor = self.node(
                     "Transpose", [self.node("Transpose", [tensor], perm=[1, 0])], perm=[1, 0]
@@ -111,6 +114,7 @@ class _Builder:
 @example(base=[("add_constant", 1.0)], changes=[(0, ("add_constant", 2.0))], seed=0)
 @example(base=[("add_weight", 3)], changes=[(0, ("add_weight", 1))], seed=0)
 @example(base=[("relu",), ("softmax", 1)], changes=[None, None], seed=0)
+@example(base=[("add_negated_weight",)], changes=[None, (0, ("add_weight", 3))], seed=0)
 @given(
     base=st.lists(STEPS, min_size=1, max_size=4),
     changes=st.lists(st.none() | st.tuples(st.integers(0, 3), STEPS), min_size=1, max_size=3),

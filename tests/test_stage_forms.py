@@ -21,6 +21,7 @@ from shardcheck.ranks import RankFailure, RankSimulator, _mapped
 from shardcheck.shard import (
     ALL_GATHER,
     COLLECTIVE_OP,
+    REDUCE_SCATTER,
     ShardedModel,
     collective_attributes,
     shard_model,
@@ -371,3 +372,73 @@ def test_verify_simulates_every_length_on_the_shared_sessions(
     apart, apart_findings, _ = verified()
     assert shared < apart
     assert shared_findings == apart_findings
+
+
+# --------------------------------------------------------------------------- work on weights
+
+
+def _weight_work_model() -> onnx.ModelProto:
+    """x -> reduce-scatter -> MatMul by Transpose(w1) -> all-gather -> MatMul by Transpose(w2)
+    -> y; beside them Transpose(w3), a graph output, and Neg(w4), all-gathered."""
+    nodes = [
+        helper.make_node(COLLECTIVE_OP, ["x"], ["x_rs"], name="scatter"),
+        helper.make_node("Transpose", ["w1"], ["w1_t"], name="t1", perm=[1, 0]),
+        helper.make_node("MatMul", ["x_rs", "w1_t"], ["h"], name="mm1"),
+        helper.make_node(COLLECTIVE_OP, ["h"], ["h_ag"], name="gather"),
+        helper.make_node("Transpose", ["w2"], ["w2_t"], name="t2", perm=[1, 0]),
+        helper.make_node("MatMul", ["h_ag", "w2_t"], ["y"], name="mm2"),
+        helper.make_node("Transpose", ["w3"], ["w3_t"], name="t3", perm=[1, 0]),
+        helper.make_node("Neg", ["w4"], ["w4_neg"], name="neg4"),
+        helper.make_node(COLLECTIVE_OP, ["w4_neg"], ["w4_ag"], name="gather4"),
+    ]
+    operations = {"scatter": REDUCE_SCATTER, "gather": ALL_GATHER, "gather4": ALL_GATHER}
+    for node in nodes:
+        if node.name in operations:
+            node.attribute.extend(
+                collective_attributes(DistCollective(reduce_op="max"), operations[node.name])
+            )
+    rng = np.random.default_rng(7)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((3, 3)).astype(np.float32), name)
+        for name in ("w1", "w2", "w3", "w4")
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "weight_work",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+            for name in ("y", "w3_t", "w4_ag")
+        ],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_work_on_weights_alone_runs_in_the_stage_that_reads_it() -> None:
+    """Each Transpose of a weight runs in the stage of the MatMul that reads it, not in the
+    first stage, which would hold every transposed weight to the end; one the graph returns
+    or a collective reads stays where its inputs are."""
+    model = _weight_work_model()
+    simulator = RankSimulator(ShardedModel(model), model, 2)
+    stage_of = {
+        node.name: step.level
+        for step in simulator.steps
+        if hasattr(step, "sessions")
+        for node in step.nodes
+    }
+    assert stage_of["t1"] == stage_of["mm1"] == 1
+    assert stage_of["t2"] == stage_of["mm2"] == 2
+    assert stage_of["t3"] == stage_of["neg4"] == 0
+    handed_on = {
+        name for step in simulator.steps if hasattr(step, "sessions") for name in step.outputs
+    }
+    assert not handed_on & {"w1_t", "w2_t"}
+    x = np.random.default_rng(8).standard_normal((4, 3)).astype(np.float32)
+    values = simulator.run({"x": x}).per_rank
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    h = np.concatenate([part @ weights["w1"].T for part in np.split(x, 2)])  # max of two copies
+    for rank_values in values:
+        np.testing.assert_allclose(rank_values["y"], h @ weights["w2"].T, rtol=1e-5)
+        np.testing.assert_array_equal(rank_values["w3_t"], weights["w3"].T)
+        np.testing.assert_array_equal(rank_values["w4_ag"], np.concatenate([-weights["w4"]] * 2))
