@@ -442,3 +442,34 @@ def test_work_on_weights_alone_runs_in_the_stage_that_reads_it() -> None:
         np.testing.assert_allclose(rank_values["y"], h @ weights["w2"].T, rtol=1e-5)
         np.testing.assert_array_equal(rank_values["w3_t"], weights["w3"].T)
         np.testing.assert_array_equal(rank_values["w4_ag"], np.concatenate([-weights["w4"]] * 2))
+
+
+def test_a_quantized_weight_is_dequantized_in_the_stage_that_reads_it() -> None:
+    """x -> all-gather -> MatMul by DequantizeLinear(int8 weight, scale) -> y: the float weight
+    is made in the stage of the MatMul, not ahead of the collective."""
+    gather = helper.make_node(COLLECTIVE_OP, ["x"], ["x_ag"], name="gather")
+    gather.attribute.extend(collective_attributes(DistCollective(), ALL_GATHER))
+    quantized = np.arange(-4, 5, dtype=np.int8).reshape(3, 3)
+    graph = helper.make_graph(
+        [
+            gather,
+            helper.make_node("DequantizeLinear", ["wq", "scale"], ["w"], name="dequantize"),
+            helper.make_node("MatMul", ["x_ag", "w"], ["y"], name="mm"),
+        ],
+        "dequantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(quantized, "wq"),
+            numpy_helper.from_array(np.array(0.5, dtype=np.float32), "scale"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    simulator = RankSimulator(ShardedModel(model), model, 2)
+    stages = [step for step in simulator.steps if hasattr(step, "sessions")]
+    assert [[node.name for node in stage.nodes] for stage in stages] == [["dequantize", "mm"]]
+    x = np.random.default_rng(9).standard_normal((2, 3)).astype(np.float32)
+    values = simulator.run({"x": x}).per_rank
+    expected = np.concatenate([x, x]) @ (quantized.astype(np.float32) * 0.5)
+    for rank_values in values:
+        np.testing.assert_allclose(rank_values["y"], expected, rtol=1e-6)
