@@ -186,9 +186,13 @@ class RankSimulator:
             for name in node.output:
                 level[name] = at + 1 if gathers else at
         read_at: dict[str, float] = dict.fromkeys(graph_outputs, float("inf"))
-        copied = self._copied_constants(graph_outputs, collective)
+        # What stays where it is made: the graph's outputs and what the collectives read.
+        kept = set(graph_outputs).union(
+            *(reads for reads, gathers in zip(self.reads, collective, strict=True) if gathers)
+        )
+        copied = self._copied_constants(kept)
         placed_in_readers = set(copied.values())
-        self._defer_weight_work(node_levels, collective, graph_outputs, copied)
+        self._defer_weight_work(node_levels, collective, kept, copied)
         # The nodes of each level, in order (one pass: a model has hundreds of levels).
         by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
         for position, at in enumerate(node_levels):
@@ -210,17 +214,13 @@ class RankSimulator:
         return steps
 
     def _defer_weight_work(
-        self,
-        node_levels: list[int],
-        collective: list[bool],
-        graph_outputs: list[str],
-        copied: dict[str, int],
+        self, node_levels: list[int], collective: list[bool], kept: set[str], copied: dict[str, int]
     ) -> None:
         """Move the nodes computed from weights and constants alone (a weight's Transpose)
         to the stage of their first reader: the first stage would otherwise compute every
         layer's and hand them all on, holding a copy of the weights for the whole run (and
-        the layers' stages, computing their own, are of one form). Not those a collective
-        reads or the graph outputs. ``node_levels`` is changed in place."""
+        the layers' stages, computing their own, are of one form). Not those whose outputs
+        are ``kept``. ``node_levels`` is changed in place."""
         static = set(self.weights).union(copied)
         copies = set(copied.values())
         movable: list[bool] = []
@@ -229,12 +229,10 @@ class RankSimulator:
             if alone:
                 static.update(self.nodes[position].output)
             movable.append(alone and position not in copies)
-        kept = set(graph_outputs)
         first_read: dict[str, int] = {}  # tensor -> the lowest level of a stage reading it
         for position in range(len(self.nodes) - 1, -1, -1):
             at = node_levels[position]
             if collective[position]:
-                kept.update(self.reads[position])
                 continue
             outputs = [name for name in self.nodes[position].output if name]
             if movable[position] and not kept.intersection(outputs):
@@ -246,19 +244,19 @@ class RankSimulator:
                 if first_read.get(name, at + 1) > at:
                     first_read[name] = at
 
-    def _copied_constants(self, graph_outputs: list[str], collective: list[bool]) -> dict[str, int]:
+    def _copied_constants(self, kept: set[str]) -> dict[str, int]:
         """Constant nodes copied into each stage that reads them, by output: the first stage
         would otherwise compute every layer's constants and hand them on, and the layers'
-        stages, holding their own, are of one form (stage_forms.py). Not those a collective
-        reads or the graph outputs."""
-        kept = set(graph_outputs)
-        copied: dict[str, int] = {}
-        for position, node in enumerate(self.nodes):
-            if collective[position]:
-                kept.update(node.input)
-            elif _is_constant(node) and len(node.output) == 1 and node.output[0]:
-                copied[node.output[0]] = position
-        return {name: position for name, position in copied.items() if name not in kept}
+        stages, holding their own, are of one form (stage_forms.py). Not those whose output
+        is ``kept``."""
+        return {
+            node.output[0]: position
+            for position, node in enumerate(self.nodes)
+            if _is_constant(node)
+            and len(node.output) == 1
+            and node.output[0]
+            and node.output[0] not in kept
+        }
 
     def _stage(
         self, at: int, members: list[int], read_at: dict[str, float], copied: dict[str, int]
