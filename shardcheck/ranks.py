@@ -221,27 +221,29 @@ class RankSimulator:
         layer's and hand them all on, holding a copy of the weights for the whole run (and
         the layers' stages, computing their own, are of one form). Not those whose outputs
         are ``kept``. ``node_levels`` is changed in place."""
-        static = set(self.weights).union(copied)
+        static = set(self.weights).union(copied, [""])  # "": an optional input left out
         copies = set(copied.values())
-        movable: list[bool] = []
+        movable: list[int] = []  # in order
         for position, reads in enumerate(self.reads):
-            alone = not collective[position] and all(not name or name in static for name in reads)
-            if alone:
+            if not collective[position] and static.issuperset(reads):
                 static.update(self.nodes[position].output)
-            movable.append(alone and position not in copies)
-        first_read: dict[str, int] = {}  # tensor -> the lowest level of a stage reading it
+                if position not in copies:
+                    movable.append(position)
+        first_read: dict[str, int] = {}  # static tensor -> the lowest level of a stage reading it
         for position in range(len(self.nodes) - 1, -1, -1):
-            at = node_levels[position]
             if collective[position]:
                 continue
-            outputs = [name for name in self.nodes[position].output if name]
-            if movable[position] and not kept.intersection(outputs):
-                later = min(
-                    (first_read[name] for name in outputs if name in first_read), default=at
-                )
-                node_levels[position] = at = max(at, later)
+            at = node_levels[position]
+            if movable and movable[-1] == position:
+                movable.pop()
+                outputs = [name for name in self.nodes[position].output if name]
+                if kept.isdisjoint(outputs):
+                    later = min(
+                        (first_read[name] for name in outputs if name in first_read), default=at
+                    )
+                    node_levels[position] = at = max(at, later)
             for name in self.reads[position]:
-                if first_read.get(name, at + 1) > at:
+                if name in static and first_read.get(name, at + 1) > at:
                     first_read[name] = at
 
     def _copied_constants(self, kept: set[str]) -> dict[str, int]:
