@@ -3,10 +3,10 @@
 The model is cut into stages at its ``DistCollective`` nodes: a node's stage is the number of
 collectives on its longest path from the graph inputs, but for the work on weights alone (a
 weight's Transpose), done in the stage that reads it, and the ``Constant`` nodes, copied into
-each stage that reads them. A stage is one onnxruntime session,
-built once and run for every rank, or once for all ranks when all its inputs are the same on
-every rank (the replicated graph inputs, an all-gathered tensor). Between stages the
-collectives run in numpy, with the meaning of their attributes:
+each stage that reads them. A stage is one onnxruntime session, built once and run for every
+rank, or once for all ranks when all its inputs are the same on every rank (the replicated
+graph inputs, an all-gathered tensor). Between stages the collectives run in numpy, with the
+meaning of their attributes:
 
 - ``reduce_scatter``: ``reduce_op`` (sum, prod, min, max, avg) across the ranks' copies, then
   the result is split along axis 0 into N equal chunks, chunk r to rank r;
