@@ -350,20 +350,24 @@ class RankSimulator:
     def _make_ahead(self, pending: Iterator[_Stage]) -> None:
         """One worker: the sessions of the stages no one has taken yet, in order."""
         while (stage := self._claim(pending)) is not None:
-            ahead = stage.ahead
-            assert ahead is not None
-            try:
-                declared = {
-                    name: (elem, None) for name, elem in zip(stage.inputs, ahead.types, strict=True)
-                }
-                model = self._stage_model(
-                    stage, frozenset(), declared, stage.outputs, lifted=stage.lifted
-                )
-                ahead.session = make_session(model, self.weights_dir)
-            except Exception:  # the runs make this stage's session again, and report its error
-                ahead.session = None
-            finally:
-                ahead.done.set()
+            assert stage.ahead is not None
+            self._make_claimed(stage, stage.ahead)
+
+    def _make_claimed(self, stage: _Stage, ahead: _Ahead) -> None:
+        """The session ``ahead`` of ``stage``, claimed ("making"): a leader's has the weights
+        it lifts as inputs."""
+        try:
+            declared = {
+                name: (elem, None) for name, elem in zip(stage.inputs, ahead.types, strict=True)
+            }
+            model = self._stage_model(
+                stage, frozenset(), declared, stage.outputs, lifted=stage.lifted
+            )
+            ahead.session = make_session(model, self.weights_dir)
+        except Exception:  # the runs make this stage's session again, and report its error
+            ahead.session = None
+        finally:
+            ahead.done.set()
 
     def _claim(self, pending: Iterator[_Stage]) -> _Stage | None:
         with self._ahead_lock:
@@ -389,14 +393,21 @@ class RankSimulator:
 
     def _ahead_session(self, stage: _Stage, feeds: Mapping[str, np.ndarray]) -> Any:
         """The stage's session made ahead, if one was and ``feeds`` have the types it was
-        made for; else None (a stage no worker has taken yet is left to the caller)."""
+        made for; else None (a stage no worker has taken yet is left to the caller, but for
+        the session of a form, made here: the form's other stages run on it too)."""
         ahead = stage.ahead
         if ahead is None:
             return None
         with self._ahead_lock:
-            if ahead.state != "making":  # no worker has it, nor will: the caller makes it
+            shared_here = stage.leader is not None and ahead.state != "making"
+            if shared_here:
+                ahead.state = "making"
+            elif ahead.state != "making":  # no worker has it, nor will: the caller makes it
                 ahead.state = "skipped"
                 return None
+        if shared_here:
+            assert stage.leader is not None
+            self._make_claimed(stage.leader, ahead)
         ahead.done.wait()
         if any(
             _elem_type(feeds[name]) != elem
@@ -420,7 +431,8 @@ class RankSimulator:
                 return session.run(leader.outputs, shared)
             except (*ort_errors(), OSError, ValueError):
                 pass
-        stage.leader, stage.lifted, stage.ahead = None, (), None
+        # On its own from now on; a leader's names still serve the other stages of its form.
+        stage.leader, stage.ahead = None, None
         return None
 
     def _lifted_value(self, name: str) -> np.ndarray:

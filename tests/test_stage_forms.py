@@ -473,3 +473,24 @@ def test_a_quantized_weight_is_dequantized_in_the_stage_that_reads_it() -> None:
     expected = np.concatenate([x, x]) @ (quantized.astype(np.float32) * 0.5)
     for rank_values in values:
         np.testing.assert_allclose(rank_values["y"], expected, rtol=1e-6)
+
+
+def test_the_runs_make_a_forms_session_no_worker_took_and_share_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without workers (or when the runs outpace them) the first stage of a form to run makes
+    the form's session, and the others run on it, instead of each making its own."""
+    monkeypatch.setattr(sys.modules["shardcheck.ranks"], "AHEAD_WORKERS", 0)
+    name = "dynamo_einsum_causal"
+    index = load_index(REAL / f"{name}.onnx")
+    hints = read_hints(GOLDEN / "real" / f"{name}.json")
+    made = _count_sessions(monkeypatch)
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    assert not made  # nothing is made ahead
+    stages = [step for step in simulator.steps if hasattr(step, "sessions")]
+    members = [stage for stage in stages if stage.leader not in (None, stage)]
+    assert members
+    simulator.run(make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0))
+    assert len(made) == len(stages) - len(members)
+    assert all(not stage.sessions for stage in members)
+    assert all(stage.ahead.session is stage.leader.ahead.session for stage in members)
