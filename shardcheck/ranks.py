@@ -192,7 +192,7 @@ class RankSimulator:
         )
         copied = self._copied_constants(kept)
         placed_in_readers = set(copied.values())
-        self._defer_weight_work(node_levels, collective, kept, copied)
+        self._defer_weight_work(node_levels, collective, kept, copied, placed_in_readers)
         # The nodes of each level, in order (one pass: a model has hundreds of levels).
         by_level: list[list[int]] = [[] for _ in range(max(node_levels, default=0) + 1)]
         for position, at in enumerate(node_levels):
@@ -214,15 +214,20 @@ class RankSimulator:
         return steps
 
     def _defer_weight_work(
-        self, node_levels: list[int], collective: list[bool], kept: set[str], copied: dict[str, int]
+        self,
+        node_levels: list[int],
+        collective: list[bool],
+        kept: set[str],
+        copied: dict[str, int],
+        copies: set[int],
     ) -> None:
         """Move the nodes computed from weights and constants alone (a weight's Transpose)
         to the stage of their first reader: the first stage would otherwise compute every
         layer's and hand them all on, holding a copy of the weights for the whole run (and
         the layers' stages, computing their own, are of one form). Not those whose outputs
-        are ``kept``. ``node_levels`` is changed in place."""
+        are ``kept``. ``copies``: the positions of the ``copied`` constants. ``node_levels`` is
+        changed in place."""
         static = set(self.weights).union(copied, [""])  # "": an optional input left out
-        copies = set(copied.values())
         movable: list[int] = []  # in order
         for position, reads in enumerate(self.reads):
             if not collective[position] and static.issuperset(reads):

@@ -17,13 +17,13 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardcheck import protos
+from shardcheck.graph import attribute_graphs
 
 _T = protos.TensorProto
 LIFTED_TYPES = frozenset(
     (_T.FLOAT, _T.DOUBLE, _T.FLOAT16, _T.BOOL, _T.INT8, _T.INT16, _T.INT32, _T.INT64)
     + (_T.UINT8, _T.UINT16, _T.UINT32, _T.UINT64)
 )
-_SUBGRAPHS = frozenset((protos.AttributeProto.GRAPH, protos.AttributeProto.GRAPHS))
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def stage_form(
                 position[name] = len(position)
         wiring.append(tuple(bool(name) for name in node.output))  # which outputs are made
         for attribute in node.attribute:
-            if attribute.type in _SUBGRAPHS:
+            if attribute_graphs(attribute):
                 return None
             wiring.append(attribute.SerializeToString())
         key.append(tuple(wiring))
