@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardcheck.einsum import context_roles, node_equation, score_roles
-from shardcheck.graph import Dim, GraphIndex, Node, raw_values
+from shardcheck.graph import SHAPE_OPS, Dim, GraphIndex, Node, raw_values
 from shardcheck.patterns.polygraphy import match_all
 from shardcheck.shapes import ShapeInference
 
@@ -321,6 +321,10 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
                 reaches_range(index, name) for name in producer.inputs[:2]
             ):
                 return f"Range comparison node {producer.label}"
+            if producer.op_type in SHAPE_OPS:
+                # Only its input's shape reaches the mask: how that input was computed (the
+                # layers before, for a mask expanded to the hidden states' shape) does not.
+                continue
             queue.extend(name for name in producer.inputs if name)
     return None
 

@@ -105,3 +105,49 @@ def test_layer_tensors_without_shapes_are_the_tensors_detection_finds(model: Pat
     # No shapes, so no ranks, nor axes but those an Einsum's equation gives.
     assert all(layer.k_rank is None and layer.causal is None for layer in early)
     assert all(layer.q_axis is None for layer in early if "Einsum" not in layer.op_type)
+
+
+def test_a_mask_sized_by_a_shape_is_not_causal_for_what_computed_that_shape(
+    tmp_path: Path,
+) -> None:
+    """Layer 2's padding mask is expanded to the Shape of layer 1's probabilities, which a
+    Trilu mask made causal. A Shape passes on only its input's shape: layer 1 is causal,
+    layer 2 is not."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def layer(n: int, x: str, mask: str) -> list[onnx.NodeProto]:
+        return [
+            helper.make_node("Transpose", [x], [f"k_T{n}"], name=f"t{n}", perm=[1, 0]),
+            helper.make_node("MatMul", [x, f"k_T{n}"], [f"s{n}"], name=f"scores{n}"),
+            helper.make_node("Add", [f"s{n}", mask], [f"m{n}"], name=f"mask{n}"),
+            helper.make_node("Softmax", [f"m{n}"], [f"p{n}"], name=f"softmax{n}"),
+            helper.make_node("MatMul", [f"p{n}", x], [f"y{n}"], name=f"context{n}"),
+        ]
+
+    nodes = [
+        helper.make_node("Trilu", ["bias"], ["causal"], name="trilu", upper=1),
+        *layer(1, "x", "causal"),
+        helper.make_node("Shape", ["p1"], ["p1_shape"], name="shape"),
+        helper.make_node("Expand", ["padding", "p1_shape"], ["padding_2d"], name="expand"),
+        *layer(2, "y1", "padding_2d"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_layers",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4]),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["seq", "seq"]),
+            helper.make_tensor_value_info("padding", TensorProto.FLOAT, [1, "seq"]),
+        ],
+        [helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["seq", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "two_layers.onnx"
+    onnx.save(model, path)
+
+    first, second = detect_attention(load_index(path))
+    assert first.causal == "Trilu node trilu"
+    assert second.masks == ("padding_2d",)
+    assert second.causal is None
