@@ -1,0 +1,97 @@
+"""What keeps the work on deep models in proportion to their depth, counted (not timed: the
+benchmark, benchmarks/run.py, measures time). The models are the benchmark's own stacked
+encoders (benchmarks/build_models.py), small: their blocks repeat, but for names, weights and
+the layout of K, which cycles through three kinds from block to block.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from shardcheck import load_index
+from shardcheck.generate import generate
+from shardcheck.graph import Node
+from shardcheck.options import GenOptions
+from shardcheck.ranks import _Stage
+from shardcheck.shapes import ShapeInference
+from shardcheck.simulate import Simulation
+
+BUILDER = Path(__file__).resolve().parent.parent / "benchmarks" / "build_models.py"
+
+
+def _builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("shardcheck_bench_models", BUILDER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+Encoder = Callable[[str, int], Path]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
+    import onnx
+
+    builder = _builder()
+    directory = tmp_path_factory.mktemp("encoders")
+
+    def build(kind: str, depth: int) -> Path:
+        path = directory / f"{kind}-{depth}.onnx"
+        if not path.exists():
+            config = builder.EncoderConfig(depth=depth, kind=kind, hidden=16, heads=2, ffn=32)
+            onnx.save(builder.build_encoder(config), path)
+        return path
+
+    return build
+
+
+@pytest.mark.parametrize("kind", ["export", "plain"])
+def test_shape_rules_run_once_per_distinct_node_at_any_depth(
+    encoder: Encoder, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rule = ShapeInference._rule
+    rule_runs = [0]
+
+    def counted(self: ShapeInference, node: Node) -> object:
+        rule_runs[0] += 1
+        return rule(self, node)
+
+    monkeypatch.setattr(ShapeInference, "_rule", counted)
+    runs: dict[int, tuple[int, int]] = {}
+    for depth in (4, 8):
+        index = load_index(encoder(kind, depth))
+        rule_runs[0] = 0
+        ShapeInference(index)
+        runs[depth] = (rule_runs[0], len(index.nodes))
+    (shallow_runs, shallow_nodes), (deep_runs, deep_nodes) = runs[4], runs[8]
+    assert deep_nodes > 1.9 * shallow_nodes
+    # Every layout of K is in both: twice the blocks, not one rule run more.
+    assert deep_runs == shallow_runs < shallow_nodes / 4
+
+
+@pytest.mark.parametrize("kind", ["export", "plain"])
+def test_the_simulation_makes_no_more_sessions_for_more_blocks(encoder: Encoder, kind: str) -> None:
+    made: dict[int, tuple[int, int]] = {}
+    for depth in (6, 9):
+        path = encoder(kind, depth)
+        hints = generate(load_index(path), GenOptions()).hints
+        simulation = Simulation(path, hints, ranks=2)
+        try:
+            stages = [s for s in simulation.simulator.steps if isinstance(s, _Stage)]
+            sessions = {id(stage.leader or stage) for stage in stages}
+            assert simulation.run(8).ok
+        finally:
+            simulation.settle()
+        made[depth] = (len(stages), len(sessions))
+    (shallow_stages, shallow_sessions), (deep_stages, deep_sessions) = made[6], made[9]
+    assert deep_stages > shallow_stages
+    assert deep_sessions == shallow_sessions < shallow_stages
