@@ -94,6 +94,7 @@ def find_frontier(
         cut_lengths: list[tuple[int, int]] = []
         needed = _must_be_whole(index, ids, walked, forward_nodes, layer_output_flags, cut_lengths)
         needed |= _sized_whole(index, mapper, sources, walked)
+        needed |= _sliced_beside(ids, walked)
         needed -= whole
         masks = _whole_sized_masks(
             index, shapes, mapper, sources, layers, (region, layers_own), seeds
@@ -608,6 +609,9 @@ class _BackWalk:
         self.derived = derived  # flags by tensor id
         self.layer_outputs = {ids.id[name]: layer for name, layer in layer_outputs.items()}
         self.mapped: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+        # What the node reads beside the mapped inputs (broadcast along the axis walked),
+        # computed from data: each rank reads it as it holds it.
+        self.beside: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def walk(self, seeds: list[tuple[str, int]], whole: set[str]) -> _Region:
         ids = self.ids
@@ -619,8 +623,10 @@ class _BackWalk:
         queue = deque([(id_of[name], axis) for name, axis in seeds])
         pop, extend = queue.popleft, queue.extend
         producers, nodes, derived = ids.producer, self.index.nodes, self.derived
-        layer_outputs, known = self.layer_outputs, self.mapped
+        layer_outputs, known, beside_known = self.layer_outputs, self.mapped, self.beside
         input_axes = self.mapper.input_axes
+        parents = ids.parents
+        read_beside: list[int] = []
         while queue:
             tensor, axis = pop()
             if tensor in region:
@@ -644,6 +650,15 @@ class _BackWalk:
                 mapped = known[key] = (
                     None if found is None else [(id_of[name], at) for name, at in found]
                 )
+                if mapped is not None:
+                    along = {name for name, _ in mapped}
+                    unmapped = tuple(
+                        name
+                        for name in parents[tensor] or ()
+                        if derived[name] and name not in along
+                    )
+                    if unmapped:
+                        beside_known[key] = unmapped
             if mapped is not None:
                 for name, _ in mapped:
                     if whole_flags[name]:
@@ -651,6 +666,8 @@ class _BackWalk:
                 else:
                     region_nodes.add(producer_index)
                     extend(mapped)
+                    if key in beside_known:
+                        read_beside.extend(beside_known[key])
                     continue
             cut[tensor] = axis
         in_region = bytearray(len(names))
@@ -662,19 +679,22 @@ class _BackWalk:
             {names[tensor]: axis for tensor, axis in cut.items()},
             in_region,
             list(cut),
+            read_beside,
         )
 
 
 @dataclass(frozen=True)
 class _Region:
     """What a round's walk back reached: the tensors (with the axis each carries), the
-    nodes computing them, and the cuts; the tensors and cuts as ids too."""
+    nodes computing them, and the cuts; the tensors and cuts as ids too. ``read_beside``:
+    the data tensors its nodes read broadcast along the axis walked (ids)."""
 
     tensors: dict[str, int]
     nodes: set[int]
     cut: dict[str, int]
     in_region: bytearray  # by tensor id
     cut_ids: list[int]
+    read_beside: list[int] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -760,6 +780,19 @@ def _must_be_whole(
         ):
             needed.add(tensor)
     return needed
+
+
+def _sliced_beside(ids: TensorIds, region: _Region) -> set[str]:
+    """What the region's nodes read broadcast along the axis walked, that a rank would hold a
+    slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
+    turned over the queries, [batch, 1, queries, 1]): sliced along another axis of the node's
+    output, it would cut that axis too. It must be whole, and so the region tensors it is
+    computed from."""
+    if not region.read_beside:
+        return set()
+    sliced = _SlicedTest(ids, region.cut_ids)
+    read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
+    return _region_ancestors(ids, read, region.in_region) if read else set()
 
 
 def _read_by_mixing(

@@ -434,6 +434,66 @@ def test_a_mask_expanded_to_the_scores_shape_is_left_to_each_rank(tmp_path: Path
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
 
+def _mask_over_queries_and_keys(*, queries_from_keys: bool) -> onnx.ModelProto:
+    """A mask over queries and keys made of the padding mask ``keep`` ([batch, sequence]):
+    over the keys ([batch, 1, keys]) times over the queries ([batch, queries, 1]), added to
+    the scores. ``queries_from_keys``: the second factor is the first turned over (DeBERTa's
+    ``ext * ext.squeeze(-2).unsqueeze(-1)``), else both are made from ``kept``, keep as a
+    float."""
+    weights, scores = _scores_of("x")
+    constants = [
+        oh.make_tensor("axis_1", TensorProto.INT64, [1], [1]),
+        oh.make_tensor("axis_2", TensorProto.INT64, [1], [2]),
+    ]
+    if queries_from_keys:
+        factors = [
+            oh.make_node("Unsqueeze", ["keep", "axis_1"], ["keys"], name="keys"),
+            oh.make_node("Squeeze", ["keys", "axis_1"], ["turned"], name="turned"),
+            oh.make_node("Unsqueeze", ["turned", "axis_2"], ["queries"], name="queries"),
+        ]
+    else:
+        factors = [
+            oh.make_node("Cast", ["keep"], ["kept"], name="kept", to=TensorProto.FLOAT),
+            oh.make_node("Unsqueeze", ["kept", "axis_1"], ["keys"], name="keys"),
+            oh.make_node("Unsqueeze", ["kept", "axis_2"], ["queries"], name="queries"),
+        ]
+    nodes = [
+        *scores,
+        *factors,
+        oh.make_node("Mul", ["keys", "queries"], ["pair"], name="pair"),
+        oh.make_node("Add", ["scores", "pair"], ["masked"], name="masked"),
+        oh.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "mask_over_queries_and_keys",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8]),
+            oh.make_tensor_value_info("keep", TensorProto.FLOAT, ["batch", SEQ]),
+        ],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights, *constants],
+    )
+    return _opset17_model(graph)
+
+
+@pytest.mark.parametrize(("queries_from_keys", "scattered"), [(True, "turned"), (False, "queries")])
+def test_what_the_region_reads_broadcast_along_the_walk_is_whole_if_ranks_would_slice_it(
+    queries_from_keys: bool, scattered: str, tmp_path: Path
+) -> None:
+    # The walk back from the mask's query axis reaches keep through the factor over the
+    # queries. The Mul also reads `keys`, broadcast along the queries, which scattering keep
+    # would cut along the keys (each rank's mask: [batch, its queries, its keys]): what
+    # `keys` is computed from on the walk stays whole (`keys` itself, on DeBERTa's way, which
+    # the real exports fixtures/real/*_pair_mask_encoder.onnx take; `kept` on the other).
+    model = _mask_over_queries_and_keys(queries_from_keys=queries_from_keys)
+    index, frontier = _frontier_of(model)
+    assert [(t.name, t.axis) for t in frontier.inputs] == [("x", 1), (scattered, 1)]
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 def _next_token_paired() -> onnx.ModelProto:
     """Each position's features joined with the next position's (x[:, 1:] padded back to the
     sequence length with a zero row), then projected, as MobileBERT embeds token trigrams."""
