@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from shardcheck.axes import AxisMapper
 from shardcheck.background import InBackground
 from shardcheck.budget import check_memory
-from shardcheck.detect import AttentionLayer
+from shardcheck.detect import AttentionLayer, sequence_dim
 from shardcheck.errors import InputError
 from shardcheck.feeds import make_feeds, make_session
 from shardcheck.graph import SHAPE_OPS, GraphIndex
@@ -363,8 +364,36 @@ class RuntimeCheck:
             reached = self.index.computed_from([tensor.name], ends=ends, through_shapes=False)
             reached_masks = sorted(reached & masks)
             if reached_masks and not reached & (query | key):
-                walks.mask_only.append((tensor, reached_masks))
+                walks.mask_only.append(
+                    (tensor, reached_masks, self._axes_reached(tensor, set(reached_masks)))
+                )
         return walks
+
+    def _axes_reached(self, tensor: ShardTensor, masks: set[str]) -> dict[str, set[int]]:
+        """The axes of ``masks`` that the hinted axis of ``tensor`` becomes, followed forward
+        through the ops that map it (none where an op in between merges it with another axis,
+        as TorchScript's BERT flattens its padding mask)."""
+        if self.shapes is None:
+            return {}
+        layers = list(self.by_q.values())
+        mapper = AxisMapper(self.index, self.shapes, sequence_dim(self.shapes, layers))
+        start = (tensor.name, tensor.seq_len_idx)
+        queue, seen = deque([start]), {start}
+        reached: dict[str, set[int]] = {}
+        while queue:
+            name, axis = queue.popleft()
+            if name in masks:
+                reached.setdefault(name, set()).add(axis)
+                continue
+            for node in self.index.consumers_of(name):
+                output = node.outputs[0] if node.outputs else ""
+                if not output or node.op_type in SHAPE_OPS:
+                    continue
+                out_axis = mapper.output_axis(node, name, axis)
+                if out_axis is not None and (output, out_axis) not in seen:
+                    seen.add((output, out_axis))
+                    queue.append((output, out_axis))
+        return reached
 
     def _unhinted_inputs(self, changing: Callable[[str], list[int] | None], walks: _Walks) -> None:
         query, key, masks = walks.query, walks.key, walks.masks
@@ -397,12 +426,14 @@ class RuntimeCheck:
                 )
 
     def _key_only_inputs(self, first: dict[str, tuple[int, ...]], walks: _Walks) -> None:
-        """A hinted tensor that reaches no Q, K or V, only masks whose rows are all equal
-        (masks over the keys), and whose hinted axis lines up with their key axis: scattering
-        it cuts the mask over the keys, which must stay whole since K and V are gathered whole.
-        (Scattering such a mask along its query axis is right: each rank gets its rows.)"""
+        """A hinted tensor that reaches no Q, K or V, only masks, and whose hinted axis becomes
+        the key axis of one: scattering it cuts that mask over the keys, which must stay whole
+        since K and V are gathered whole. (Scattering such a mask along its query axis is
+        right: each rank gets its rows.) Where the axis cannot be followed to the masks, the
+        masks' values decide: rows all equal (a mask over the keys), and the hinted axis lined
+        up with their key axis."""
 
-        def cut_over_keys(mask: str, tensor: ShardTensor) -> bool:
+        def rows_over_keys(mask: str, tensor: ShardTensor) -> bool:
             value = self.mask_values.get(mask)
             rank = len(first.get(tensor.name, ()))
             if value is None or value.ndim < 2 or not rank:
@@ -411,31 +442,47 @@ class RuntimeCheck:
             aligned = tensor.seq_len_idx + value.ndim - rank
             return rows_equal and aligned == value.ndim - 1
 
-        for tensor, reached_masks in walks.mask_only:
-            if all(cut_over_keys(mask, tensor) for mask in reached_masks):
-                self.report.add(
-                    "SC116",
-                    ERROR,
-                    f"inputs[name={tensor.name}]",
-                    f"{tensor.name!r} reaches no Q, K or V, only the mask {reached_masks[0]}, "
-                    "whose rows are all equal (a mask over the keys); scattering it cuts the "
-                    "mask over the keys while K and V are gathered whole: leave it out of inputs",
-                    tensor=tensor.name,
-                    expected="not scattered",
-                    observed="scattered",
+        for tensor, reached_masks, axes in walks.mask_only:
+            axis = tensor.seq_len_idx
+            if axes:
+                over_keys = sorted(m for m in axes if len(first.get(m, ())) - 1 in axes[m])
+                if not over_keys:
+                    continue
+                why = f"its axis {axis} becomes the key axis of the mask {over_keys[0]}"
+            elif all(rows_over_keys(mask, tensor) for mask in reached_masks):
+                why = (
+                    f"its axis {axis} lines up with the key axis of the mask {reached_masks[0]}, "
+                    "whose rows are all equal (a mask over the keys)"
                 )
+            else:
+                continue
+            self.report.add(
+                "SC116",
+                ERROR,
+                f"inputs[name={tensor.name}]",
+                f"{tensor.name!r} reaches no Q, K or V, only masks, and {why}; scattering it "
+                "cuts the mask over the keys while K and V are gathered whole: leave it out of "
+                "inputs",
+                tensor=tensor.name,
+                expected="not scattered",
+                observed="scattered",
+            )
 
 
 @dataclass
 class _Walks:
     """What the comparison needs of the graph: the attention inputs, what each unhinted graph
-    input reaches, and the hinted tensors that reach only masks (with those masks)."""
+    input reaches, and the hinted tensors that reach only masks."""
 
     query: set[str]
     key: set[str]
     masks: set[str]
     input_reach: dict[str, set[str]] = field(default_factory=dict)
-    mask_only: list[tuple[ShardTensor, list[str]]] = field(default_factory=list)
+    # Each hinted tensor that reaches only masks, with those masks and the axes of theirs
+    # that its hinted axis becomes (where it can be followed).
+    mask_only: list[tuple[ShardTensor, list[str], dict[str, set[int]]]] = field(
+        default_factory=list
+    )
 
 
 def _attention_sides(

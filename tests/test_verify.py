@@ -219,6 +219,38 @@ def test_each_single_mutation_is_caught(
     assert (code, field) in found, found
 
 
+PAIR_MASK = REAL / "ts_pair_mask_encoder.onnx"
+
+
+@pytest.mark.parametrize(
+    ("scattered", "axis", "rank", "cut_over_keys"),
+    [
+        # attention_mask feeds both factors of DeBERTa's mask over queries and keys: scattered,
+        # it cuts the mask over the keys too (gen wrote this before it followed the factor
+        # over the keys; the simulation of it fails).
+        ("attention_mask", 1, 2, True),
+        ("/Unsqueeze_1_output_0", 3, 4, True),  # the factor over the keys, [B, 1, 1, S]
+        # The factor over the queries, [B, 1, S] turned into [B, 1, S, 1]: by broadcasting,
+        # its axis 2 lines up with the mask's last, but it becomes the query axis.
+        ("/Squeeze_output_0", 2, 3, False),
+    ],
+)
+def test_a_tensor_is_key_only_where_its_axis_becomes_a_masks_key_axis(
+    scattered: str, axis: int, rank: int, cut_over_keys: bool
+) -> None:
+    golden = read_hints(GOLDEN / "real" / "ts_pair_mask_encoder.json")
+    assert [t.name for t in golden.inputs] == ["input_ids", "/Squeeze_output_0"]
+    hints = golden.with_changes(inputs=(golden.inputs[0], ShardTensor(scattered, axis, rank)))
+    report = verify(PAIR_MASK, hints)
+    found = [f for f in report.errors if f.code == "SC116"]
+    if not cut_over_keys:
+        assert report.ok, report.render_text()
+        return
+    [finding] = found
+    assert finding.field == f"inputs[name={scattered}]"
+    assert f"its axis {axis} becomes the key axis of the mask " in finding.message
+
+
 @pytest.mark.parametrize(
     ("q", "observed", "says"),
     [
