@@ -69,6 +69,7 @@ class Mismatch:
     rank: int
     max_abs_error: float | None  # None when no value could be compared
     detail: str
+    failed: bool = False  # the rank could not compute the tensor (onnxruntime refused)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,14 @@ class SimulationResult:
         m = self.mismatch
         stands_for = "" if m.tensor == m.original else f" (stands for {m.original!r})"
         error = "" if m.max_abs_error is None else f", max abs error {m.max_abs_error:.3g}"
+        where = (
+            f"rank {m.rank} cannot compute tensor {m.tensor!r}"
+            if m.failed
+            else f"first difference on rank {m.rank} at tensor {m.tensor!r}"
+        )
         return (
-            f"mismatch: first difference on rank {m.rank} at tensor {m.tensor!r}{stands_for}, "
-            f"made by node {m.node!r} ({m.op_type}): {m.detail}{error}; {setting}."
+            f"mismatch: {where}{stands_for}, made by node {m.node!r} ({m.op_type}): "
+            f"{m.detail}{error}; {setting}."
         )
 
 
@@ -467,14 +473,16 @@ def _failure_mismatch(simulator: RankSimulator, failure: RankFailure) -> Mismatc
     node = next((n for n in simulator.nodes if n.name == failure.node), None)
     if node is None:
         return Mismatch(
-            "", "", failure.node or "<unknown node>", "", failure.rank, None, failure.message
+            "", "", failure.node or "<unknown node>", "", failure.rank, None, failure.message, True
         )
     if node.name in simulator.tail_of_collective:
         tensor = simulator.tail_of_collective[node.name]
         original = simulator.sharded.tails[tensor].source
     else:
         tensor = original = node.output[0] if node.output else ""
-    return Mismatch(tensor, original, node.name, node.op_type, failure.rank, None, failure.message)
+    return Mismatch(
+        tensor, original, node.name, node.op_type, failure.rank, None, failure.message, True
+    )
 
 
 def _all_single_device_values(

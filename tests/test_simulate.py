@@ -78,15 +78,25 @@ def assert_match(result: SimulationResult) -> None:
 
 
 def assert_culprit(
-    result: SimulationResult, tensor: str, node: str, rank: int | None = None
+    result: SimulationResult,
+    tensor: str,
+    node: str,
+    rank: int | None = None,
+    *,
+    failed: bool = False,
 ) -> None:
+    """``failed``: the rank could not compute ``tensor`` at all (onnxruntime refused its
+    inputs, or a collective its shape), rather than computing a different value."""
     assert not result.ok, result.summary()
     assert result.mismatch is not None
     assert (result.mismatch.tensor, result.mismatch.node) == (tensor, node), result.summary()
     if rank is not None:
         assert result.mismatch.rank == rank
     summary = result.summary()
-    assert summary.startswith(f"mismatch: first difference on rank {result.mismatch.rank} ")
+    assert result.mismatch.failed == failed, summary
+    says = "cannot compute tensor" if failed else "at tensor"
+    first = "" if failed else "first difference on "
+    assert summary.startswith(f"mismatch: {first}rank {result.mismatch.rank} {says} "), summary
     assert repr(tensor) in summary and repr(node) in summary and "\n" not in summary
 
 
@@ -229,7 +239,7 @@ def test_a_wrong_input_index_fails_where_the_slice_stops_fitting() -> None:
     # Scattering x's hidden axis is a valid slice of x, but the projection cannot take it.
     hints = sdpa_hints(inputs=(ShardTensor("x", 2),))
     result = simulate(REAL / "ts_sdpa.onnx", hints, ranks=2, seq_len=8)
-    assert_culprit(result, "/q_proj/MatMul_output_0", "/q_proj/MatMul")
+    assert_culprit(result, "/q_proj/MatMul_output_0", "/q_proj/MatMul", failed=True)
     assert "onnxruntime:" in result.summary()
 
 
@@ -250,7 +260,7 @@ def test_a_baked_length_fails_at_the_reshape_that_holds_it() -> None:
     result = simulate(
         REAL / "ts_mha_seq_first.onnx", truth_hints("ts_mha_seq_first"), ranks=2, seq_len=8
     )
-    assert_culprit(result, "/attn/Reshape_4_output_0", "/attn/Reshape_4")
+    assert_culprit(result, "/attn/Reshape_4_output_0", "/attn/Reshape_4", failed=True)
 
 
 def test_a_scatter_that_does_not_divide_fails_on_it() -> None:
@@ -258,7 +268,7 @@ def test_a_scatter_that_does_not_divide_fails_on_it() -> None:
         inputs=(ShardTensor("input", 2),)  # the hidden axis, 16, at 3 ranks
     )
     result = simulate(FIXTURES / "attention_head.onnx", hints, ranks=3, seq_len=6)
-    assert_culprit(result, "input/reduce_scatter", "input/reduce_scatter/on_axis0")
+    assert_culprit(result, "input/reduce_scatter", "input/reduce_scatter/on_axis0", failed=True)
     assert "the reduce-scatter axis (2) has length 16, which is not a multiple of the 3 ranks" in (
         result.summary()
     )
@@ -776,7 +786,7 @@ def test_a_weight_the_hints_cut_gives_each_rank_its_rows(external: bool, tmp_pat
     assert_match(simulate(path, position_table_hints(table=True), ranks=4, seq_len=8))
     # Left whole, the table's 8 rows meet each rank's 4 positions.
     wrong = simulate(path, position_table_hints(table=False), ranks=2, seq_len=8)
-    assert_culprit(wrong, "x", "add_positions")
+    assert_culprit(wrong, "x", "add_positions", failed=True)
 
 
 @pytest.mark.parametrize(
