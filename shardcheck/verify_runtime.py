@@ -306,7 +306,7 @@ class RuntimeCheck:
                         observed=tensor.seq_len_idx,
                     )
         self._compare_layers(changing, first)
-        self._unhinted_inputs(changing, walks)
+        self._unhinted_inputs(changing, first, walks)
         self._key_only_inputs(first, walks)
 
     def _compare_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
@@ -364,26 +364,28 @@ class RuntimeCheck:
             reached = self.index.computed_from([tensor.name], ends=ends, through_shapes=False)
             reached_masks = sorted(reached & masks)
             if reached_masks and not reached & (query | key):
-                walks.mask_only.append(
-                    (tensor, reached_masks, self._axes_reached(tensor, set(reached_masks)))
-                )
+                reached_axes = self._axes_reached([(tensor.name, tensor.seq_len_idx)], masks)
+                walks.mask_only.append((tensor, reached_masks, reached_axes))
         return walks
 
-    def _axes_reached(self, tensor: ShardTensor, masks: set[str]) -> dict[str, set[int]]:
-        """The axes of ``masks`` that the hinted axis of ``tensor`` becomes, followed forward
-        through the ops that map it (none where an op in between merges it with another axis,
-        as TorchScript's BERT flattens its padding mask)."""
+    def _axes_reached(
+        self, starts: list[tuple[str, int]], masks: set[str], stop: set[str] | None = None
+    ) -> dict[str, set[int]]:
+        """The axes of ``masks`` that the axes ``starts`` (tensor, axis) become, followed
+        forward through the ops that map them, not past ``stop`` (none where an op in between
+        merges the axis with another, as TorchScript's BERT flattens its padding mask)."""
         if self.shapes is None:
             return {}
         layers = list(self.by_q.values())
         mapper = AxisMapper(self.index, self.shapes, sequence_dim(self.shapes, layers))
-        start = (tensor.name, tensor.seq_len_idx)
-        queue, seen = deque([start]), {start}
+        queue, seen = deque(starts), set(starts)
         reached: dict[str, set[int]] = {}
         while queue:
             name, axis = queue.popleft()
             if name in masks:
                 reached.setdefault(name, set()).add(axis)
+                continue
+            if stop is not None and name in stop:
                 continue
             for node in self.index.consumers_of(name):
                 output = node.outputs[0] if node.outputs else ""
@@ -395,10 +397,17 @@ class RuntimeCheck:
                     queue.append((output, out_axis))
         return reached
 
-    def _unhinted_inputs(self, changing: Callable[[str], list[int] | None], walks: _Walks) -> None:
+    def _unhinted_inputs(
+        self,
+        changing: Callable[[str], list[int] | None],
+        first: dict[str, tuple[int, ...]],
+        walks: _Walks,
+    ) -> None:
         query, key, masks = walks.query, walks.key, walks.masks
+        hinted = {t.name for t in self.hints.inputs}
         for name, reached in walks.input_reach.items():
-            if not changing(name):
+            axes = changing(name)
+            if not axes:
                 continue
             if reached & (query | key):
                 self.report.add(
@@ -414,6 +423,27 @@ class RuntimeCheck:
                     observed="whole",
                 )
             elif reached & masks:
+                # Each rank computes the masks whole from it: right for their key axes only.
+                reached_axes = self._axes_reached([(name, a) for a in axes], masks, hinted)
+                over_queries = sorted(
+                    mask
+                    for mask, mask_axes in reached_axes.items()
+                    if len(first.get(mask, ())) - 2 in mask_axes
+                )
+                if over_queries:
+                    self.report.add(
+                        "SC115",
+                        ERROR,
+                        "inputs",
+                        f"graph input {name!r} carries the sequence and becomes the query axis "
+                        f"of the mask {over_queries[0]} without passing a hinted tensor: each "
+                        "rank would hold all of its rows; scatter a tensor on the way from the "
+                        "input to that axis, one not also on the way to the mask's key axis",
+                        tensor=name,
+                        expected="scattered",
+                        observed="whole",
+                    )
+                    continue
                 self.report.add(
                     "SC119",
                     INFO,

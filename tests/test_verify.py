@@ -251,6 +251,22 @@ def test_a_tensor_is_key_only_where_its_axis_becomes_a_masks_key_axis(
     assert f"its axis {axis} becomes the key axis of the mask " in finding.message
 
 
+def test_a_sequence_input_that_becomes_a_masks_query_axis_unscattered_is_an_error() -> None:
+    # Without the factor over the queries scattered, each rank builds DeBERTa's mask from the
+    # whole attention_mask: all of its rows against the rank's own scores (the simulation
+    # fails). It is not a key-only input, as it was called (SC119, "which is right").
+    golden = read_hints(GOLDEN / "real" / "ts_pair_mask_encoder.json")
+    report = verify(PAIR_MASK, golden.with_changes(inputs=golden.inputs[:1]))
+    [finding] = [f for f in report.errors if f.code == "SC115"]
+    assert finding.tensor == "attention_mask"
+    assert "becomes the query axis of the mask " in finding.message
+    assert "SC119" not in [f.code for f in report.findings]
+    # With it scattered, attention_mask reaches the masks' key axes only.
+    report = verify(PAIR_MASK, golden)
+    assert report.ok, report.render_text()
+    assert "SC119" in [f.code for f in report.findings]
+
+
 @pytest.mark.parametrize(
     ("q", "observed", "says"),
     [
