@@ -14,8 +14,15 @@ from shardcheck.errors import OutputError
 
 def output_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     """The file ``path`` names and its directory; OutputError if it cannot be a new file."""
-    if not os.fspath(path):
+    spelled = os.fspath(path)
+    if not spelled:
         raise OutputError("'': cannot write: the output path is empty")
+    if spelled.endswith(os.sep) or (os.altsep and spelled.endswith(os.altsep)):
+        # Path() drops the slash: "out/" would become a file named "out".
+        raise OutputError(
+            f"{spelled}: cannot write: the path names a directory (it ends with "
+            f"{spelled[-1]!r}); give a file name"
+        )
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():

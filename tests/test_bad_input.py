@@ -503,6 +503,12 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict[str, Path]], str]
         "is not a directory",
     ),
     "is-a-directory": (("gen", "shard", "fmt", "check"), lambda d, g: str(d), "directory"),
+    # Path() drops a final slash: "out/" was written as a file named "out".
+    "ends-with-a-slash": (
+        ("gen", "shard", "fmt", "check"),
+        lambda d, g: str(d / "out") + "/",
+        "the path names a directory",
+    ),
     "empty-path": (("gen", "shard", "fmt", "check"), lambda d, g: "", "empty"),
     "not-writable": (
         ("gen", "shard", "fmt", "check"),
