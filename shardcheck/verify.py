@@ -201,35 +201,37 @@ def _dim_chooser(
     hints: ShardHints,
     user_dims: dict[str, int],
 ) -> DimChooser:
-    """The dims of each run. The sequence dim is the one the attention's query axis carries,
+    """The dims of each run. The sequence dims are those the attention's query axes carry,
     found from the model, not from the hints under test (wrong hints would otherwise pick the
-    dim that is varied, and a wrong axis could pass). Without attention, the hints decide."""
+    dim that is varied, and a wrong axis could pass); an encoder-decoder's encoder and decoder
+    lengths are two, both set to the run's length. (A length only keys have, a memory's, is
+    not varied: it may be held whole.) Without attention, the hints decide."""
     names = check_user_dims(index, user_dims)
-    sequence = None
+    sequences: list[str] = []
     for layer in layers:
         q_shape = shapes.shape(layer.q)
         if q_shape is not None and layer.q_axis is not None:
             dim = q_shape[layer.q_axis]
-            if isinstance(dim, str) and dim in names:
-                sequence = dim
-                break
-    if sequence is None:
-        # The query axis did not resolve to a dim name: one non-batch dim among the inputs is
-        # still the model's own answer; only with several do the hints decide.
+            if isinstance(dim, str) and dim in names and dim not in sequences:
+                sequences.append(dim)
+    if not sequences:
+        # The attention axes did not resolve to a dim name: one non-batch dim among the inputs
+        # is still the model's own answer; only with several do the hints decide.
         candidates = [name for name in names if not BATCH_LIKE.search(name)]
-        sequence = candidates[0] if len(candidates) == 1 else None
-    if sequence in user_dims:
-        # Pinned, it would be the same in every run: nothing would show the sequence axes.
-        raise InputError(
-            f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is the "
-            "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
-        )
-    if sequence is None:
+        sequences = candidates if len(candidates) == 1 else []
+    for sequence in sequences:
+        if sequence in user_dims:
+            # Pinned, it would be the same in every run: nothing would show the sequence axes.
+            raise InputError(
+                f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is a "
+                "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
+            )
+    if not sequences:
         return lambda length: resolve_dims(index, hints, length, user_dims)
 
     def choose(length: int) -> dict[str, int]:
         return {
-            name: user_dims.get(name, length if name == sequence else _default_dim(name))
+            name: user_dims.get(name, length if name in sequences else _default_dim(name))
             for name in names
         }
 

@@ -612,7 +612,7 @@ OPTIONS: list[tuple[list[str], str]] = [
     # The sequence dim pinned: every run would be the same.
     (
         ["verify", "MODEL", "HINTS", "--dim", "sequence_len=8"],
-        "--dim sequence_len=8: 'sequence_len' is the sequence dim, which verify sets to each",
+        "--dim sequence_len=8: 'sequence_len' is a sequence dim, which verify sets to each",
     ),
     (["verify", "MODEL", "HINTS", "--seed", "-1"], "--seed -1"),
     (["verify", "MODEL", "HINTS", "--timeout", "0"], "--timeout"),
