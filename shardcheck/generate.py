@@ -174,7 +174,14 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     outputs: tuple[ShardTensor, ...] = ()
     if not options.no_suggest_io and layers:
         if options.io == "graph":
-            inputs, outputs = _graph_io(index, shapes, layers, options)
+            inputs, outputs, guessed = _graph_io(index, shapes, layers, options)
+            if guessed:
+                warnings.append(
+                    f"{index.source}: no axis of {listed(guessed)} carries the sequence: "
+                    f"{'it is' if len(guessed) == 1 else 'they are'} written with the "
+                    "--i-idx/--o-idx axis, as Polygraphy writes them, which CP cannot split "
+                    "along the sequence; the default --io frontier finds the tensors that carry it"
+                )
         else:
             frontier = find_frontier(index, shapes, layers)
             warnings.extend(f"{index.source}: {w}" for w in frontier.warnings)
@@ -314,10 +321,12 @@ def _layers_with(layers: list[AttentionLayer], field_name: str, value: int) -> l
 
 def _graph_io(
     index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer], options: GenOptions
-) -> tuple[tuple[ShardTensor, ...], tuple[ShardTensor, ...]]:
-    """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes."""
+) -> tuple[tuple[ShardTensor, ...], tuple[ShardTensor, ...], list[str]]:
+    """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes; and
+    those none of whose axes carries the sequence (written with the option's index)."""
     ends = [index.nodes[index.producer[layer.output]] for layer in layers]
     seq = sequence_dim(shapes, layers)
+    guessed: list[str] = []
 
     def tensor(name: str, default_idx: int, default_rank: int | None) -> ShardTensor:
         shape = shapes.shape(name)
@@ -325,7 +334,10 @@ def _graph_io(
         if axis is None:
             axis = _only_symbolic_axis(shape)
         if axis is None:
-            axis = guess_seq_len_idx_by_name(shape, default_idx)
+            axis = guess_seq_len_idx_by_name(shape, -1)
+        if axis < 0:
+            axis = default_idx
+            guessed.append(name)
         return ShardTensor(name, axis, len(shape) if shape is not None else default_rank)
 
     inputs = tuple(
@@ -334,7 +346,7 @@ def _graph_io(
     outputs = tuple(
         tensor(name, options.o_idx, options.o_rank) for name in dependent_graph_outputs(index, ends)
     )
-    return inputs, outputs
+    return inputs, outputs, guessed
 
 
 def _only_symbolic_axis(shape: Shape | None) -> int | None:

@@ -205,7 +205,8 @@ def _dim_chooser(
     found from the model, not from the hints under test (wrong hints would otherwise pick the
     dim that is varied, and a wrong axis could pass); an encoder-decoder's encoder and decoder
     lengths are two, both set to the run's length. (A length only keys have, a memory's, is
-    not varied: it may be held whole.) Without attention, the hints decide."""
+    not varied: it may be held whole.) Where the attention's length is fixed (ViT's patches),
+    nothing is varied; only without attention do the hints decide."""
     names = check_user_dims(index, user_dims)
     sequences: list[str] = []
     for layer in layers:
@@ -226,7 +227,7 @@ def _dim_chooser(
                 f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is a "
                 "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
             )
-    if not sequences:
+    if not sequences and not layers:
         return lambda length: resolve_dims(index, hints, length, user_dims)
 
     def choose(length: int) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardcheck.detect import AttentionLayer
+from shardcheck.dim_expressions import BATCH_LIKE
 from shardcheck.graph import GraphIndex
 from shardcheck.hints import ShardHints, ShardTensor
 from shardcheck.report import ERROR, WARNING, Report
@@ -117,6 +118,19 @@ def _check_tensor(
         )
         return
     rank = shapes.rank(tensor.name)
+    shape = shapes.shape(tensor.name) or ()
+    dim = shape[tensor.seq_len_idx] if tensor.seq_len_idx < len(shape) else None
+    if isinstance(dim, str) and dim.isidentifier() and BATCH_LIKE.search(dim):
+        report.add(
+            "SC117",
+            ERROR,
+            f"{field}.seq_len_idx",
+            f"axis {tensor.seq_len_idx} of {tensor.name!r} is its batch dim {dim!r}, not a "
+            "sequence axis",
+            tensor=tensor.name,
+            expected="a sequence axis",
+            observed=dim,
+        )
     if rank is not None and tensor.seq_len_idx >= rank:
         report.add(
             "SC103",

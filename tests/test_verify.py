@@ -26,6 +26,7 @@ from shardcheck import GraphIndex, verify
 from shardcheck.errors import HintsFormatError, InputError, ModelError
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
+from shardcheck.report import ERROR, INFO
 
 REAL = FIXTURES / "real"
 BAKED_MHA = read_json(REAL / "TRUTH.json")["ts_mha_seq_first"]["baked_length_nodes"][0]["node"]
@@ -383,6 +384,23 @@ def test_a_length_fixed_by_the_inputs_skips_the_axis_checks_and_says_so(tmp_path
     report = verify(model, hints)
     assert report.ok, report.render_text()
     assert [f.code for f in report.findings] == ["SC120"]
+
+
+def test_a_hinted_batch_axis_is_named_and_the_batch_never_varied(tmp_path: Path) -> None:
+    # No axis of ViT's pixel_values carries the sequence: gen --io graph writes --i-idx 0, its
+    # batch, and says so. verify named the batch the sequence: it varied it as the length
+    # (from the hints) and reported the real axes as wrong (SC101, SC105, SC106).
+    model = REAL / "ts_vit_tiny.onnx"
+    hints = tmp_path / "graph.json"
+    made = run_cli("gen", model, "-o", hints, "--io", "graph")
+    assert made.exit_code == 0
+    assert "no axis of pixel_values carries the sequence" in made.stderr
+    report = verify(model, hints)
+    assert [(f.code, f.level) for f in report.findings] == [("SC117", ERROR), ("SC120", INFO)]
+    assert report.errors[0].message == (
+        "axis 0 of 'pixel_values' is its batch dim 'batch', not a sequence axis"
+    )
+    assert all(run["dims"] == {"batch": 1} for run in report.runs)
 
 
 def test_polygraphy_default_k_index_is_flagged_with_the_right_one(tmp_path: Path) -> None:
