@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 
 from shardcheck.graph import Dim
@@ -49,6 +50,25 @@ def mentions(dim: Dim, symbol: str) -> bool:
     return symbol in dim  # not a name an expression can hold: any occurrence
 
 
+def size_at(dim: Dim, sizes: Mapping[str, int]) -> int | None:
+    """``dim`` with each symbol at its size in ``sizes``: the int, a named dim's size, or an
+    expression of named dims (the frames a convolution makes of the samples); None where a
+    symbol has no size or the expression cannot be read."""
+    if isinstance(dim, int):
+        return dim
+    if not isinstance(dim, str) or len(dim) > MAX_EXPRESSION_CHARS:
+        return None
+    if dim in sizes:
+        return sizes[dim]
+    symbols = [name for name in _NAME.findall(dim) if name not in _FUNCTIONS]
+    if not symbols or any(name not in sizes for name in symbols):
+        return None
+    try:
+        return _value(ast.parse(dim, mode="eval").body, sizes)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 @lru_cache(maxsize=256)
 def _always_one(expression: str) -> bool:
     if len(expression) > MAX_EXPRESSION_CHARS:
@@ -60,12 +80,13 @@ def _always_one(expression: str) -> bool:
         return False
 
 
-def _value(node: ast.expr, size: int) -> int | None:
-    """The expression's value with every symbol set to ``size``; None for what it cannot read."""
+def _value(node: ast.expr, size: int | Mapping[str, int]) -> int | None:
+    """The expression's value with every symbol set to ``size`` (or each to its own); None
+    for what it cannot read."""
     if isinstance(node, ast.Constant):
         return node.value if type(node.value) is int else None
     if isinstance(node, ast.Name):
-        return size
+        return size if isinstance(size, int) else size.get(node.id)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         operand = _value(node.operand, size)
         return None if operand is None else -operand

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from onnx import numpy_helper
 from shardcheck.background import InBackground
 from shardcheck.budget import check_memory, check_weights
 from shardcheck.detect import detect_attention
+from shardcheck.dim_expressions import mentions, size_at
 from shardcheck.errors import InputError
 from shardcheck.feeds import (
     make_feeds,
@@ -41,7 +42,7 @@ from shardcheck.feeds import (
     sequence_dims,
 )
 from shardcheck.graph import SHAPE_OPS, GraphIndex, gc_paused
-from shardcheck.hints import ShardHints, validated
+from shardcheck.hints import ShardHints, ShardTensor, validated
 from shardcheck.hints_file import read_hints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.loader import check_weight_files, index_parsed, parse_model, weights_dir
@@ -169,11 +170,40 @@ def _check_run_settings(ranks: int, seq_len: int, rtol: float, atol: float) -> N
     for option, value in (("--rtol", rtol), ("--atol", atol)):
         if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
             raise InputError(f"{option} {value}: expected a finite number >= 0")
-    if seq_len < 1 or seq_len % ranks:
-        raise InputError(
-            f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "
-            f"{ranks} ranks, so that every rank holds as many positions"
-        )
+    if seq_len < 1:
+        raise InputError(f"--seq-len {seq_len}: the sequence length must be positive")
+
+
+def first_unsplittable(
+    shapes: ShapeInference,
+    hints: ShardHints,
+    ranks: int,
+    dims: Mapping[str, int],
+    lengths: Collection[str],
+) -> tuple[ShardTensor, int] | None:
+    """The first hinted input whose scattered axis, at ``dims``, has a length that is not a
+    multiple of ``ranks`` (every rank holds as many positions), with that length. Only an
+    axis that follows the ``lengths`` dims counts: one of them, or computed from one (a speech
+    model's frames, from its samples); a length fixed by the model, or a batch, is left to
+    the simulation, which names it."""
+    for tensor in hints.inputs:
+        shape = shapes.shape(tensor.name)
+        if shape is None or tensor.seq_len_idx >= len(shape):
+            continue
+        dim = shape[tensor.seq_len_idx]
+        if not any(mentions(dim, name) for name in lengths):
+            continue
+        size = size_at(dim, dims)
+        if size is not None and size % ranks:
+            return tensor, size
+    return None
+
+
+def unsplittable_message(tensor: ShardTensor, size: int, ranks: int) -> str:
+    return (
+        f"{tensor.name!r} is scattered along its axis {tensor.seq_len_idx}, which then has "
+        f"{size} positions, not a multiple of the {ranks} ranks"
+    )
 
 
 class Simulation:
@@ -295,6 +325,19 @@ class Simulation:
         _check_run_settings(self.ranks, seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
+        lengths = sequence_dims(index, self.hints, dims or {}, self.shapes)
+        # The dims set to the length (verify hands its own dims, its batch among them).
+        at_length = [name for name in lengths if resolved.get(name) == seq_len]
+        unsplit = first_unsplittable(self.shapes, self.hints, self.ranks, resolved, at_length)
+        if unsplit is not None:
+            tensor, size = unsplit
+            raise InputError(
+                f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "
+                f"{self.ranks} ranks, so that every rank holds as many positions"
+                if size == seq_len
+                else f"--seq-len {seq_len}: {unsplittable_message(tensor, size, self.ranks)}; "
+                "choose a length at which it is, so that every rank holds as many positions"
+            )
         check_memory(index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes)
         feeds = make_feeds(index, resolved, seed)
         single_device_runs = 0
@@ -327,7 +370,7 @@ class Simulation:
             session_runs=simulator.session_runs - runs_before + single_device_runs,
             max_abs_error=worst,
             mismatch=first,
-            length_fixed=not sequence_dims(index, self.hints, dims or {}, self.shapes),
+            length_fixed=not lengths,
         )
 
     def _run_single_device(

@@ -35,7 +35,12 @@ from shardcheck.options import DEFAULT_SEQ_LENS
 from shardcheck.report import ERROR, INFO, Report
 from shardcheck.shapes import ShapeInference
 from shardcheck.shard import gathered_by_q
-from shardcheck.simulate import ReferenceRun, Simulation
+from shardcheck.simulate import (
+    ReferenceRun,
+    Simulation,
+    first_unsplittable,
+    unsplittable_message,
+)
 from shardcheck.verify_runtime import (
     DimChooser,
     PendingSession,
@@ -81,16 +86,8 @@ def verify(
     for option, value in (("--rtol", rtol), ("--atol", atol)):
         if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
             raise InputError(f"{option} {value}: expected a finite number >= 0")
-    if ranks is not None:
-        if ranks < 1:
-            raise InputError(f"--ranks {ranks}: expected at least 1 rank")
-        bad = [str(n) for n in seq_lens if n % ranks]
-        if bad:
-            which = f"{listed(bad)} {'is' if len(bad) == 1 else 'are'} not"
-            raise InputError(
-                f"--ranks {ranks}: every sequence length must be a multiple of the number of "
-                f"ranks ({which}); choose --seq-lens accordingly"
-            )
+    if ranks is not None and ranks < 1:
+        raise InputError(f"--ranks {ranks}: expected at least 1 rank")
     parsed = parse_model(model_path, keep_bytes=True)
     if isinstance(hints, ShardHints):
         hints = validated(hints, hints_source)
@@ -112,6 +109,8 @@ def verify(
             by_q = {layer.q: layer for layer in layers}
             check_static(index, shapes, hints, layers, report)
             choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
+            if ranks is not None:
+                _refuse_unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
             runtime = RuntimeCheck(
                 index, hints, by_q, report, seed, timeout, progress, shapes=shapes
             )
@@ -237,6 +236,34 @@ def _dim_chooser(
         }
 
     return choose
+
+
+def _refuse_unsplittable_lengths(
+    shapes: ShapeInference,
+    hints: ShardHints,
+    ranks: int,
+    seq_lens: Sequence[int],
+    choose: DimChooser,
+) -> None:
+    """InputError for a length at which a scattered axis is not a multiple of the ranks."""
+    # The dims a run's length sets: those that differ between two lengths.
+    first, second = choose(seq_lens[0]), choose(seq_lens[1])
+    lengths = [name for name, value in first.items() if second.get(name) != value]
+    found = {n: first_unsplittable(shapes, hints, ranks, choose(n), lengths) for n in seq_lens}
+    bad = {n: unsplit for n, unsplit in found.items() if unsplit is not None}
+    if not bad:
+        return
+    if all(size == n for n, (_, size) in bad.items()):
+        which = f"{listed([str(n) for n in bad])} {'is' if len(bad) == 1 else 'are'} not"
+        raise InputError(
+            f"--ranks {ranks}: every sequence length must be a multiple of the number of "
+            f"ranks ({which}); choose --seq-lens accordingly"
+        )
+    length, (tensor, size) = next(iter(bad.items()))
+    raise InputError(
+        f"--ranks {ranks}: at sequence length {length}, "
+        f"{unsplittable_message(tensor, size, ranks)}; choose --seq-lens accordingly"
+    )
 
 
 def _default_dim(name: str) -> int:

@@ -758,6 +758,16 @@ def test_a_dim_below_1_is_refused_without_ranks_too(value: int) -> None:
     assert error.value.message == f"--dim batch={value}: a dim must be a positive integer"
 
 
+def _attention_of_qkv() -> list[onnx.NodeProto]:
+    """softmax(q @ k^T) @ v of 3-D q, k and v, into y."""
+    return [
+        helper.make_node("Transpose", ["k"], ["kT"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kT"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+
+
 def _cross_attention_model(path: Path) -> Path:
     """Q from x, K and V from a memory input of its own length (cross-attention)."""
     rng = np.random.default_rng(0)
@@ -769,10 +779,7 @@ def _cross_attention_model(path: Path) -> Path:
         helper.make_node("MatMul", ["x", "Wq"], ["q"]),
         helper.make_node("MatMul", ["mem", "Wk"], ["k"]),
         helper.make_node("MatMul", ["mem", "Wv"], ["v"]),
-        helper.make_node("Transpose", ["k"], ["kT"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "kT"], ["scores"]),
-        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["y"]),
+        *_attention_of_qkv(),
     ]
     graph = helper.make_graph(
         nodes,
@@ -787,6 +794,59 @@ def _cross_attention_model(path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, path)
     return path
+
+
+def _strided_frames_model(path: Path) -> Path:
+    """Attention over frames a strided convolution makes of ``audio`` [batch, samples, 4]:
+    (samples - 2) // 2 + 1 of them, as a speech model makes frames of its samples."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((0.3 * rng.standard_normal(shape)).astype(np.float32), name)
+        for name, shape in (("conv_w", (8, 4, 2)), ("wq", (8, 8)), ("wk", (8, 8)), ("wv", (8, 8)))
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["audio"], ["channels_first"], perm=[0, 2, 1]),
+        helper.make_node("Conv", ["channels_first", "conv_w"], ["conv"], strides=[2]),
+        helper.make_node("Transpose", ["conv"], ["frames"], perm=[0, 2, 1]),
+        *(helper.make_node("MatMul", ["frames", f"w{t}"], [t]) for t in "qkv"),
+        *_attention_of_qkv(),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "strided_frames",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", "samples", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 8])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
+    return path
+
+
+def test_the_ranks_must_divide_the_scattered_axis_not_the_length_it_is_made_of(
+    tmp_path: Path,
+) -> None:
+    # gen scatters the convolution's output along its frames. 9 and 17 samples make 4 and 8
+    # frames, which 2 ranks divide (they were refused: 9 and 17 are odd); 10 samples make 5,
+    # which they do not (it was let through, and failed in the simulation).
+    model = _strided_frames_model(tmp_path / "frames.onnx")
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    assert [(t.name, t.seq_len_idx) for t in read_hints(hints).inputs] == [("conv", 2)]
+    report = verify(model, hints, seq_lens=(9, 17), ranks=2)
+    assert report.ok and "SC202" in [f.code for f in report.findings], report.render_text()
+    with pytest.raises(InputError) as refused:
+        verify(model, hints, seq_lens=(10, 18), ranks=2)
+    assert str(refused.value) == (
+        "--ranks 2: at sequence length 10, 'conv' is scattered along its axis 2, which then has "
+        "5 positions, not a multiple of the 2 ranks; choose --seq-lens accordingly"
+    )
+    assert run_cli("simulate", model, hints, "--ranks", "2", "--seq-len", "9").exit_code == 0
+    refused_cli = run_cli("simulate", model, hints, "--ranks", "2", "--seq-len", "10")
+    assert refused_cli.exit_code == 2
+    assert "'conv' is scattered along its axis 2, which then has 5 positions" in (
+        refused_cli.stderr
+    )
 
 
 def test_k_and_v_computed_whole_need_no_gather(tmp_path: Path) -> None:
