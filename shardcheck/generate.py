@@ -146,8 +146,8 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     warnings: list[str] = []
     if not layers:
         warnings.append(
-            f"{index.source}: no attention layer found (looked for Softmax between two MatMuls, "
-            "with scales, masks and casts between them, and for fused Attention, "
+            f"{index.source}: no attention layer found (looked for Softmax between two MatMuls "
+            "or Einsums, with scales, masks and casts between them, and for fused Attention, "
             "MultiHeadAttention and GroupQueryAttention nodes); the hints have no layers"
         )
     skipped = [layer.name for layer in layers if not layer.polygraphy_recognises]
@@ -159,6 +159,17 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
             "'shardcheck shard' does not"
         )
+    if options.cp_type == "fused":
+        # Polygraphy's format gives every layer the one --is-causal.
+        unlike = [layer.name for layer in layers if (layer.causal is not None) != options.is_causal]
+        if unlike:
+            warnings.append(
+                f"{index.source}: the fused attention is told is_causal "
+                f"{str(options.is_causal).lower()} for every layer, but the mask of "
+                f"{counted(len(unlike), 'layer')} ({'first: ' if len(unlike) > 1 else ''}"
+                f"{unlike[0]}) is {'not ' if options.is_causal else ''}causal; verify reports "
+                "it (SC124)"
+            )
     unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
     if unknown:
         warnings.append(

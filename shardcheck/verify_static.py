@@ -230,10 +230,24 @@ def _check_layers(
         if hint.replace is None:
             continue
         layer = by_q.get(hint.q)
+        causal = layer is not None and layer.causal is not None
+        if layer is not None and hint.replace.is_causal != causal:
+            report.add(
+                "SC124",
+                ERROR,
+                f"attention_layers[q={hint.q}].replace.is_causal",
+                f"layer {layer.name}: the fused attention is told is_causal "
+                f"{str(hint.replace.is_causal).lower()}, but the layer's mask is "
+                f"{f'causal ({layer.causal})' if causal else 'not causal'}",
+                expected=str(causal).lower(),
+                observed=str(hint.replace.is_causal).lower(),
+            )
         for name, shuffle, tensor in (
             ("q_shuffle", hint.replace.q_shuffle, layer.q if layer else None),
-            ("k_shuffle", hint.replace.k_shuffle, layer.k if layer else None),
-            ("v_shuffle", hint.replace.v_shuffle, layer.v if layer else None),
+            # Polygraphy's fused replacement transposes the attention's own K and V inputs
+            # (the score and context MatMuls'), those native CP gathers.
+            ("k_shuffle", hint.replace.k_shuffle, layer.gathered_k if layer else None),
+            ("v_shuffle", hint.replace.v_shuffle, layer.gathered_v if layer else None),
         ):
             if not shuffle:
                 continue

@@ -199,9 +199,12 @@ def test_gen_options_of_the_entry_are_used(tmp_path: Path) -> None:
 
     result = run_check(load_manifest(manifest))
 
-    # fused: no K/V gather, the layer (Q is the graph input q) is replaced by a causal fused op.
+    # fused: no K/V gather, the layer (Q is the graph input q) is replaced by a causal fused op,
+    # which gen warns of: the layer has no causal mask.
     assert result.lines() == [
         "DIFFERS  attention (2 differences)",
+        "    warning: the fused attention is told is_causal true for every layer, but the mask of "
+        "1 layer (attn_mm1) is not causal; verify reports it (SC124)",
         "    attention_layers[q=q].gather_kv: true -> false",
         '    attention_layers[q=q].replace: null -> {"is_causal": true, "k_shuffle": null, '
         '"nb_rank": 1, "q_shuffle": null, "v_shuffle": null}',

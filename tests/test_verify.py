@@ -99,6 +99,20 @@ def _input(name_end: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 WORD = _input("word_embeddings/Gather_output_0")
 
+
+def _fused(**fields: Any) -> dict[str, Any]:
+    """A FusedAttention replacement of a hints file: no shuffles, not causal, but ``fields``."""
+    fused = {
+        "is_causal": False,
+        "q_shuffle": None,
+        "k_shuffle": None,
+        "v_shuffle": None,
+        "nb_rank": 1,
+        "polygraphy_class": "FusedAttention",
+    }
+    return {**fused, **fields}
+
+
 MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     "input seq_len_idx": (
         lambda h: WORD(h).update(seq_len_idx=2),
@@ -160,18 +174,21 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "attention_layers[*].gather_q",
     ),
     "fused shuffle not a permutation": (
-        lambda h: h["attention_layers"][0].update(
-            replace={
-                "is_causal": False,
-                "q_shuffle": [0, 2, 2, 3],
-                "k_shuffle": None,
-                "v_shuffle": None,
-                "nb_rank": 1,
-                "polygraphy_class": "FusedAttention",
-            }
-        ),
+        lambda h: h["attention_layers"][0].update(replace=_fused(q_shuffle=[0, 2, 2, 3])),
         "SC112",
         "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.q_shuffle",
+    ),
+    # BERT attends both ways: a fused causal attention would mask half of each row.
+    "fused attention told causal": (
+        lambda h: h["attention_layers"][0].update(replace=_fused(is_causal=True)),
+        "SC124",
+        "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.is_causal",
+    ),
+    # The fused replacement transposes the score MatMul's K, [batch, heads, head, keys].
+    "fused K shuffle of three axes": (
+        lambda h: h["attention_layers"][0].update(replace=_fused(k_shuffle=[0, 2, 1])),
+        "SC112",
+        "attention_layers[q=/model/encoder/layer.0/attention/self/Mul_output_0].replace.k_shuffle",
     ),
     "K and V not gathered": (
         lambda h: h["attention_layers"][1].update(gather_kv=False),
@@ -202,6 +219,35 @@ MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "dist_collectives.root",
     ),
 }
+
+
+def test_a_fused_shuffle_of_the_attention_s_own_k_and_v_axes_passes(
+    bert_hints: dict[str, Any], tmp_path: Path
+) -> None:
+    # K enters BERT's score MatMul as [batch, heads, head, keys], V the context MatMul as
+    # [batch, heads, keys, head]: four axes each (the projections before them have three).
+    hints = json.loads(json.dumps(bert_hints))
+    for layer in hints["attention_layers"]:
+        layer["replace"] = _fused(k_shuffle=[0, 1, 3, 2], v_shuffle=[0, 2, 1, 3])
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(hints))
+    report = verify(BERT, path)
+    assert report.ok, report.render_text()
+
+
+def test_fused_hints_of_one_is_causal_for_every_layer_are_checked_layer_by_layer(
+    tmp_path: Path,
+) -> None:
+    # BART's decoder self-attention is causal; its encoder and cross-attention are not.
+    model, hints = REAL / "ts_bart_seq2seq_tiny.onnx", tmp_path / "fused.json"
+    made = run_cli("gen", model, "-o", hints, "--cp-type", "fused", "--is-causal")
+    assert made.exit_code == 0
+    assert "the mask of 4 layers (first: /model/encoder/layers.0/self_attn/MatMul) is not " in (
+        made.stderr
+    )
+    report = verify(model, hints)
+    told = [f.field for f in report.errors if f.code == "SC124"]
+    assert len(told) == 4 and all("/encoder" in f or "/encoder_attn/" in f for f in told), told
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
