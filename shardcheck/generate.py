@@ -178,6 +178,7 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             "their axes fall back to the --k-idx/--v-idx/--kv-rank options"
         )
     k_idx, v_idx, kv_rank = _kv_axes(index, layers, options)
+    warnings.extend(_overridden_axes(index, layers, options))
     warnings.extend(_fixed_length_warning(index, shapes, layers))
     warnings.extend(_shapeless_mask_warning(index, shapes, layers))
 
@@ -317,6 +318,32 @@ def _kv_axes(
                 f"({kv_rank}); the axes are 0 to {kv_rank - 1}"
             )
     return (0 if k_idx is None else k_idx, 0 if v_idx is None else v_idx, kv_rank)
+
+
+def _overridden_axes(
+    index: GraphIndex, layers: list[AttentionLayer], options: GenOptions
+) -> list[str]:
+    """A warning for each --k-idx/--v-idx that differs from the axis a layer's gathered K or V
+    carries the keys on (what verify reports as SC105/SC106)."""
+    warnings = []
+    for option, given, axis_of in (
+        ("--k-idx", options.k_idx, lambda layer: layer.k_axis),
+        ("--v-idx", options.v_idx, lambda layer: layer.v_axis),
+    ):
+        if given is None:
+            continue
+        unlike = [
+            (layer.name, axis_of(layer)) for layer in layers if axis_of(layer) not in (None, given)
+        ]
+        if unlike:
+            name, axis = unlike[0]
+            warnings.append(
+                f"{index.source}: {option} {given} is written, but "
+                f"{counted(len(unlike), 'layer')} {'carries' if len(unlike) == 1 else 'carry'} "
+                f"the keys on another axis ({'first: ' if len(unlike) > 1 else ''}{name}, "
+                f"axis {axis}); verify reports it"
+            )
+    return warnings
 
 
 _OPTION_OF = {"k_seq_len_idx": "k-idx", "v_seq_len_idx": "v-idx", "kv_rank": "kv-rank"}

@@ -331,3 +331,16 @@ def test_gen_hands_the_model_it_read_to_the_console_commands_exit(
     assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
     assert [type(o) for o in lifetime._kept if isinstance(o, GraphIndex)] == [GraphIndex]
     assert read_json(out) == read_json(GOLDEN / "attention_head.json")
+
+
+def test_a_k_or_v_index_unlike_the_layers_is_written_and_warned_of(tmp_path: Path) -> None:
+    # BERT's gathered K, [batch, heads, head, keys], carries the keys on axis 3, V on axis 2.
+    model = FIXTURES / "real" / "ts_bert_tiny.onnx"
+    result = run_cli("gen", model, "-o", tmp_path / "h.json", "--k-idx", "2", "--v-idx", "2")
+    assert result.exit_code == 0
+    assert read_json(tmp_path / "h.json")["k_seq_len_idx"] == 2
+    [warned] = [line for line in result.stderr.splitlines() if "is written, but" in line]
+    assert warned.endswith(
+        "--k-idx 2 is written, but 2 layers carry the keys on another axis (first: "
+        "/model/encoder/layer.0/attention/self/MatMul, axis 3); verify reports it"
+    )
