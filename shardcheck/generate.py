@@ -49,10 +49,23 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
             result = _generate_polygraphy(index, options)
         else:
             result = _generate_detected(index, options)
-    ignored = _ignored_options(options)
-    if not ignored:
+    about_options = [*_ignored_options(options), *_shuffles_not_permutations(options)]
+    if not about_options:
         return result
-    return GenResult(result.hints, (*result.warnings, *ignored), result.layers)
+    return GenResult(result.hints, (*result.warnings, *about_options), result.layers)
+
+
+def _shuffles_not_permutations(options: GenOptions) -> list[str]:
+    """A warning for each fused shuffle that is not a permutation (written as given, as
+    Polygraphy writes it; the fused replacement cannot transpose by it)."""
+    if options.cp_type != "fused":
+        return []
+    return [
+        f"--{name.replace('_', '-')} {','.join(map(str, shuffle))} is not a permutation "
+        f"(each axis from 0 to {len(shuffle) - 1} once); verify reports it (SC112)"
+        for name in ("q_shuffle", "k_shuffle", "v_shuffle")
+        if (shuffle := getattr(options, name)) and sorted(shuffle) != list(range(len(shuffle)))
+    ]
 
 
 def _ignored_options(options: GenOptions) -> list[str]:

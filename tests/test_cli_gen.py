@@ -344,3 +344,19 @@ def test_a_k_or_v_index_unlike_the_layers_is_written_and_warned_of(tmp_path: Pat
         "--k-idx 2 is written, but 2 layers carry the keys on another axis (first: "
         "/model/encoder/layer.0/attention/self/MatMul, axis 3); verify reports it"
     )
+
+
+@pytest.mark.parametrize("compat", ["none", "polygraphy"])
+def test_a_fused_shuffle_that_is_no_permutation_is_written_and_warned_of(
+    tmp_path: Path, compat: str
+) -> None:
+    out = tmp_path / "h.json"
+    argv = ["--cp-type", "fused", "--q-shuffle", "0,0,1", "--k-shuffle", "0,2,1"]
+    argv += ["--compat", compat]
+    result = run_cli("gen", FIXTURES / "attention.onnx", "-o", out, *argv)
+    assert result.exit_code == 0
+    assert read_json(out)["attention_layers"][0]["replace"]["q_shuffle"] == [0, 0, 1]
+    assert [line for line in result.stderr.splitlines() if "permutation" in line] == [
+        "shardcheck: warning: --q-shuffle 0,0,1 is not a permutation (each axis from 0 to 2 "
+        "once); verify reports it (SC112)"
+    ]
