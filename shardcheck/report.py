@@ -39,6 +39,7 @@ CODES = {
     "SC122": "tensor both scattered and gathered",
     "SC123": "hints not for CP",
     "SC124": "fused is_causal differs from the layer",
+    "SC125": "nothing scattered",
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",

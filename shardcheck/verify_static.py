@@ -29,6 +29,17 @@ def check_static(
             expected="CP",
             observed=hints.parallelism,
         )
+    if not hints.inputs:
+        report.add(
+            "SC125",
+            WARNING,
+            "inputs",
+            "the hints scatter no tensor: every rank would compute the whole model, which is "
+            "no context parallelism"
+            + ("" if layers else " (and no attention layer was found in the model)"),
+            expected="a scattered tensor",
+            observed="none",
+        )
     for kind, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
         for tensor in tensors:
             _check_tensor(index, shapes, kind, tensor, report)

@@ -26,7 +26,7 @@ from shardcheck import GraphIndex, verify
 from shardcheck.errors import HintsFormatError, InputError, ModelError
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
-from shardcheck.report import ERROR, INFO
+from shardcheck.report import ERROR, INFO, WARNING
 
 REAL = FIXTURES / "real"
 BAKED_MHA = read_json(REAL / "TRUTH.json")["ts_mha_seq_first"]["baked_length_nodes"][0]["node"]
@@ -963,3 +963,15 @@ def test_verify_hands_its_session_to_the_console_commands_exit(
     report = verify(FIXTURES / "attention_head.onnx", GOLDEN / "attention_head.json", ranks=2)
     assert report.ok
     assert [type(o) for o in lifetime._kept if isinstance(o, PendingSession)] == [PendingSession]
+
+
+def test_hints_that_scatter_nothing_are_warned_of() -> None:
+    # gen finds no attention in the MLP and writes hints without a tensor to scatter: they
+    # pass, but every rank would compute the whole model.
+    report = verify(FIXTURES / "no_attention.onnx", GOLDEN / "no_attention.json")
+    assert report.ok, report.render_text()
+    [warned] = [f for f in report.findings if f.code == "SC125"]
+    assert warned.level == WARNING
+    assert warned.message.endswith("(and no attention layer was found in the model)")
+    bert = verify(BERT, GOLDEN / "real" / "ts_bert_tiny.json")
+    assert "SC125" not in [f.code for f in bert.findings]
