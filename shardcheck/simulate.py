@@ -70,7 +70,7 @@ class Mismatch:
     rank: int
     max_abs_error: float | None  # None when no value could be compared
     detail: str
-    failed: bool = False  # the rank could not compute the tensor (onnxruntime refused)
+    failed: bool = False  # the rank could not compute it (onnxruntime or a collective refused)
 
 
 @dataclass(frozen=True)
