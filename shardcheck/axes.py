@@ -211,6 +211,12 @@ class AxisMapper:
         target = self.shapes.shape(node.outputs[0])
         if source is None or target is None or not carries(target[out_axis], self.seq):
             return None
+        if isinstance(self.seq, int) and len(node.inputs) > 1:
+            # The length is fixed (a static export): a target that spells it out, as the
+            # dynamo exporter writes ViT's and CLIP's head splits, takes no rank's slice.
+            spelled = self.index.constant_ints(node.inputs[1])
+            if spelled is not None and out_axis < len(spelled) and spelled[out_axis] == self.seq:
+                return None
         blocks = self._reshape_blocks.get((source, target))
         if blocks is None:
             blocks = self._reshape_blocks[source, target] = _blocks(source, target)

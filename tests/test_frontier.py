@@ -494,6 +494,60 @@ def test_what_the_region_reads_broadcast_along_the_walk_is_whole_if_ranks_would_
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
 
+def _static_heads(length: int = 8) -> onnx.ModelProto:
+    """Attention over a fixed number of tokens whose head split and merge spell the number out
+    (Reshapes to [-1, length, 2, 4] and back to [-1, length, 8]), as the dynamo exporter writes
+    a static-shape ViT or CLIP."""
+    weights = [
+        oh.make_tensor(
+            name, TensorProto.FLOAT, [8, 8], [0.05 * ((i * j) % 7 - 3) for i in range(64)]
+        )
+        for j, name in ((3, "wq"), (4, "wk"), (5, "wv"))
+    ]
+    constants = [
+        oh.make_tensor("heads", TensorProto.INT64, [4], [-1, length, 2, 4]),
+        oh.make_tensor("merged", TensorProto.INT64, [3], [-1, length, 8]),
+    ]
+    nodes = []
+    for t in "qkv":
+        nodes += [
+            oh.make_node("MatMul", ["x", f"w{t}"], [f"{t}_proj"], name=f"{t}_proj"),
+            oh.make_node("Reshape", [f"{t}_proj", "heads"], [f"{t}_split"], name=f"{t}_split"),
+            oh.make_node("Transpose", [f"{t}_split"], [t], name=f"{t}_heads", perm=[0, 2, 1, 3]),
+        ]
+    nodes += [
+        oh.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 1, 3, 2]),
+        oh.make_node("MatMul", ["q", "k_t"], ["scores"], name="scores"),
+        oh.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["context"], name="context"),
+        oh.make_node("Transpose", ["context"], ["tokens"], name="tokens", perm=[0, 2, 1, 3]),
+        oh.make_node("Reshape", ["tokens", "merged"], ["y"], name="merge"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "static_heads",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", length, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", length, 8])],
+        initializer=[*weights, *constants],
+    )
+    return _opset17_model(graph)
+
+
+def test_a_reshape_that_spells_out_a_fixed_length_takes_no_slice(tmp_path: Path) -> None:
+    # Each rank's slice of x, [batch, 4, 8], cannot be reshaped to [-1, 8, 2, 4]: the heads are
+    # scattered after the split and gathered before the merge.
+    model = _static_heads()
+    index, frontier = _frontier_of(model)
+    assert [(t.name, t.axis) for t in frontier.inputs] == [
+        ("q_split", 1),
+        ("k_split", 1),
+        ("v_split", 1),
+    ]
+    assert [(t.name, t.axis) for t in frontier.outputs] == [("tokens", 1)]
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 def _next_token_paired() -> onnx.ModelProto:
     """Each position's features joined with the next position's (x[:, 1:] padded back to the
     sequence length with a zero row), then projected, as MobileBERT embeds token trigrams."""
