@@ -947,6 +947,9 @@ def _walk_forward(
                 axis = layer.output_axis
                 queue.append((layer.output, rank - 2 if axis is None else axis))
     seen: set[str] = set() if reads_whole is None else reads_whole.reached
+    # The tensor and axis each tensor was first reached from: a gather along a merged axis
+    # moves up to where the axis was whole (see _unmerged).
+    came_from: dict[str, tuple[str, int]] = {}
     nodes: set[int] = set()
     graph_outputs = set(index.graph_outputs)
     consumers = index.consumers
@@ -984,6 +987,7 @@ def _walk_forward(
             else:
                 nodes.add(consumer_index)
                 queue.append((consumer.outputs[0], out_axis))
+                came_from.setdefault(consumer.outputs[0], (tensor, axis))
         if mixing and tensor not in graph_outputs:
             outputs[tensor] = axis
         if tensor in outputs and len(mixing) != users:
@@ -992,7 +996,33 @@ def _walk_forward(
                 f"{tensor} is gathered ({why}) but also feeds position-wise ops, which would "
                 "then get the whole sequence; CP may not be exact"
             )
-    return outputs, nodes
+    return _unmerged(outputs, came_from, mapper), nodes
+
+
+def _unmerged(
+    outputs: dict[str, int], came_from: dict[str, tuple[str, int]], mapper: AxisMapper
+) -> dict[str, int]:
+    """``outputs`` with each gather along a merged axis whose outer factor is not the
+    sequence (``batch*sequence``: the dynamo exporter's GPT-2 flattens its tokens for each
+    projection) moved up to the tensor it was walked from before the merge. The ranks' parts of
+    such an axis, joined, interleave the batch's rows: exact at batch 1 only."""
+    moved: dict[str, int] = {}
+    for tensor, axis in outputs.items():
+        while _batch_outside(mapper, tensor, axis) and tensor in came_from:
+            tensor, axis = came_from[tensor]
+        moved.setdefault(tensor, axis)
+    return moved
+
+
+def _batch_outside(mapper: AxisMapper, tensor: str, axis: int) -> bool:
+    """Whether ``tensor``'s ``axis`` merges the sequence under another dim (batch*sequence)."""
+    shape = mapper.shapes.shape(tensor)
+    dim = shape[axis] if shape is not None and axis < len(shape) else None
+    seq = mapper.seq
+    if not isinstance(dim, str) or not isinstance(seq, str) or "*" not in dim:
+        return False
+    factors = dim.split("*")
+    return seq in factors and factors[0] != seq
 
 
 class _WholeReads:

@@ -14,6 +14,7 @@ from conftest import FIXTURES, run_cli, simulated_lengths
 
 from shardcheck import GenOptions, generate, load_index, simulate, verify
 from shardcheck.errors import AnalysisError
+from shardcheck.feeds import BATCH_LIKE, graph_input_dims
 
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())
@@ -82,6 +83,17 @@ def test_default_hints_make_cp_exact(name: str, ranks: int, tmp_path: Path) -> N
     result = simulate(
         REAL / TRUTH[name]["file"], hints_file(tmp_path, name), ranks=ranks, seq_len=16
     )
+    assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("name", SHARDABLE)
+def test_default_hints_make_cp_exact_at_batch_2(name: str, tmp_path: Path) -> None:
+    # verify and simulate run at batch 1 unless told: a cut along a merged batch*sequence axis
+    # (the dynamo exporter's GPT-2 flattens its tokens) was exact there only.
+    path = REAL / TRUTH[name]["file"]
+    batches = {n: 2 for n in graph_input_dims(load_index(path)) if BATCH_LIKE.search(n)}
+    assert batches, "every shardable fixture has a batch dim"
+    result = simulate(path, hints_file(tmp_path, name), ranks=2, seq_len=16, dims=batches)
     assert result.ok, result.summary()
 
 
