@@ -34,6 +34,16 @@ KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsque
 MAX_SIDE_DEPTH = 8
 MAX_MASK_NODES = 80
 
+# The input of each fused op that masks the scores over queries and keys, [..., query, key]
+# (ONNX Attention's attn_mask; com.microsoft's attention_bias). Their masks over the keys only
+# (key_padding_mask, mask_index) are no such input: each rank reads them whole.
+FUSED_MASK_INPUT = {
+    ("", "Attention"): 3,
+    ("ai.onnx", "Attention"): 3,
+    ("com.microsoft", "MultiHeadAttention"): 5,
+    ("com.microsoft", "Attention"): 5,
+}
+
 FUSED_OPS = {
     ("", "Attention"): (0, 1, 2),
     ("ai.onnx", "Attention"): (0, 1, 2),
@@ -122,7 +132,7 @@ def _detect(
         if node.op_type == "Softmax":
             layer = _decomposed(index, shapes, node, recognised, look_for_causal)
         elif (node.domain, node.op_type) in FUSED_OPS:
-            layer = _fused(index, shapes, node)
+            layer = _fused(index, shapes, node, look_for_causal)
         else:
             continue
         if layer is not None:
@@ -378,16 +388,21 @@ def _is_triangular(value: np.ndarray) -> bool:
 
 
 def _fused(
-    index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node
+    index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node, look_for_causal: bool
 ) -> tuple[int, AttentionLayer]:
     q_pos, k_pos, v_pos = FUSED_OPS[(node.domain, node.op_type)]
     q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))
+    at = FUSED_MASK_INPUT.get((node.domain, node.op_type))
+    mask = node.inputs[at] if at is not None and at < len(node.inputs) else ""
+    masks = (mask,) if mask and shapes.rank(mask) not in (0, 1) else ()
     causal = None
     if node.attr("is_causal", 0) or node.attr("unidirectional", 0):
         causal = f"is_causal attribute of {node.label}"
     elif node.op_type == "GroupQueryAttention":
         causal = f"{node.label} (GroupQueryAttention is always causal)"
+    elif masks and look_for_causal:
+        causal = _causal_mask(index, masks)
     layer = AttentionLayer(
         name=node.label,
         kind="fused",
@@ -406,5 +421,6 @@ def _fused(
         causal=causal,
         op_type=f"{node.domain + '.' if node.domain else ''}{node.op_type}",
         internal=(node.index,),
+        masks=masks,
     )
     return node.index, layer
