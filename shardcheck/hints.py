@@ -458,7 +458,9 @@ def loads(text: str, source: str = "<hints>") -> ShardHints:
 
 def _json_problem(exc: Exception) -> str:
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        # Some messages end where the position goes ("Unterminated string starting at").
+        at = "" if exc.msg.endswith(" at") else " at"
+        return f"{exc.msg}{at} line {exc.lineno} column {exc.colno}"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
     return str(exc)

@@ -161,6 +161,20 @@ def simulate(
     return result
 
 
+def _refuse_sub_groups(hints: ShardHints, ranks: int, hints_source: str) -> None:
+    """InputError for collectives over part of the ranks: the simulator runs them over all."""
+    dist = hints.dist_collectives
+    if (dist.groups and list(dist.groups) != list(range(ranks))) or dist.group_size not in (
+        0,
+        ranks,
+    ):
+        raise InputError(
+            f"{hints_source}: dist_collectives: groups {list(dist.groups)}, group_size "
+            f"{dist.group_size}: the simulator runs collectives over all {ranks} ranks only; "
+            "simulate hints made without --groups and --gpus, or with --ranks matching them"
+        )
+
+
 def _check_ranks(ranks: int) -> None:
     if ranks < 1:
         raise InputError(f"--ranks {ranks}: expected at least 1 rank")
@@ -262,6 +276,7 @@ class Simulation:
         else:
             hints_source, hints = str(hints), read_hints(hints)
         self.hints = hints
+        _refuse_sub_groups(hints, ranks, hints_source)
         self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)
         if layers is None:
             layers = gathered_by_q(detect_attention(index, shapes))

@@ -191,6 +191,12 @@ def test_wrong_fields_name_file_and_json_path(mutate, message: str) -> None:
 def test_invalid_json_and_wrong_top_level() -> None:
     with pytest.raises(HintsFormatError, match=r"^h.json: not valid JSON \(Expecting"):
         loads("{", "h.json")
+    # json's message ends where the position goes: one "at", not two.
+    with pytest.raises(HintsFormatError) as unterminated:
+        loads('{"parallelism": "CP', "h.json")
+    assert str(unterminated.value) == (
+        "h.json: not valid JSON (Unterminated string starting at line 1 column 17)"
+    )
     with pytest.raises(HintsFormatError, match=r"^h.json: not valid JSON .*NaN"):
         loads('{"kv_rank": NaN}', "h.json")
     with pytest.raises(HintsFormatError, match=r"^h.json: expected a JSON object"):

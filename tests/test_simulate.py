@@ -356,6 +356,20 @@ def test_sub_groups_are_refused(tmp_path: Path) -> None:
         RankSimulator(shard_model(index, hints), index.model, 2)
 
 
+def test_sub_group_hints_are_a_one_line_error_naming_the_hints_file(tmp_path: Path) -> None:
+    hints = tmp_path / "groups.json"
+    model = FIXTURES / "attention_head.onnx"
+    assert run_cli("gen", model, "-o", hints, "--groups", "0", "1").exit_code == 0
+    for argv in (["simulate", "--seq-len", "8"], ["verify", "--seq-lens", "8,16"]):
+        result = run_cli(argv[0], model, hints, "--ranks", "4", *argv[1:])
+        assert result.exit_code == 2
+        assert result.stderr == (
+            f"shardcheck: error: {hints}: dist_collectives: groups [0, 1], group_size 0: the "
+            "simulator runs collectives over all 4 ranks only; simulate hints made without "
+            "--groups and --gpus, or with --ranks matching them\n"
+        )
+
+
 def test_stages_are_planned_on_a_topological_order_with_every_node_named() -> None:
     """The graph's own order when it is one (the nodes are kept, not copied); else a
     topological one. An unnamed node is replaced by a named copy."""
