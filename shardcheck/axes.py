@@ -24,9 +24,13 @@ NORMALISATIONS = frozenset(
         "LayerNormalization",
         "SimplifiedLayerNormalization",
         "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
         "RMSNormalization",
     ]
 )
+# Normalisations of the sum of their first two inputs (com.microsoft's, fused by onnxruntime's
+# transformer optimizer: the residual and the block's output, whose sum is also an output).
+SKIP_NORMALISATIONS = frozenset(["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
 REDUCTIONS = frozenset(
     "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare".split()
 )
@@ -84,7 +88,8 @@ class AxisMapper:
             return self._aligned(node.inputs, out_axis, out_rank)
         if op in NORMALISATIONS:
             first = node.attr("axis", -1) % out_rank
-            return None if out_axis >= first else self._aligned(node.inputs[:1], out_axis, out_rank)
+            normalised = node.inputs[: 2 if op in SKIP_NORMALISATIONS else 1]
+            return None if out_axis >= first else self._aligned(normalised, out_axis, out_rank)
         if op == "Transpose":
             perm = node.attr("perm") or list(reversed(range(out_rank)))
             return [(node.inputs[0], perm[out_axis])]

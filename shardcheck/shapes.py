@@ -37,7 +37,8 @@ ELEMENTWISE = frozenset(
     "LeakyRelu Elu Selu Softplus QuickGelu BiasGelu Sign Trilu".split()
 )
 SAME_SHAPE = frozenset(
-    "LayerNormalization SimplifiedLayerNormalization SkipLayerNormalization BatchNormalization "
+    "LayerNormalization SimplifiedLayerNormalization SkipLayerNormalization "
+    "SkipSimplifiedLayerNormalization BatchNormalization "
     "InstanceNormalization RMSNormalization LpNormalization CumSum".split()
 )
 

@@ -548,6 +548,59 @@ def test_a_reshape_that_spells_out_a_fixed_length_takes_no_slice(tmp_path: Path)
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
 
+def _skip_layer_norm_between_layers() -> onnx.ModelProto:
+    """Two attention layers joined as onnxruntime's transformer optimizer fuses GPT-2: the
+    first layer's output and its input summed and normalised by one com.microsoft
+    SkipLayerNormalization, whose normalised output feeds the second layer and whose sum
+    (output 3) is the residual added to the second layer's output."""
+    weights0, scores0 = _scores_of("x", 0)
+    weights1, scores1 = _scores_of("normed", 1)
+    norms = [
+        oh.make_tensor("gamma", TensorProto.FLOAT, [8], [1.0 + 0.1 * i for i in range(8)]),
+        oh.make_tensor("beta", TensorProto.FLOAT, [8], [0.01 * i for i in range(8)]),
+    ]
+    nodes = [
+        *scores0,
+        oh.make_node("Softmax", ["scores0"], ["probs0"], name="softmax0", axis=-1),
+        oh.make_node("MatMul", ["probs0", "v0"], ["out0"], name="context0"),
+        oh.make_node(
+            "SkipLayerNormalization",
+            ["out0", "x", "gamma", "beta"],
+            ["normed", "", "", "residual"],
+            name="skip_norm",
+            domain="com.microsoft",
+        ),
+        *scores1,
+        oh.make_node("Softmax", ["scores1"], ["probs1"], name="softmax1", axis=-1),
+        oh.make_node("MatMul", ["probs1", "v1"], ["out1"], name="context1"),
+        oh.make_node("Add", ["out1", "residual"], ["y"], name="residual_add"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "skip_layer_norm",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SEQ, 8])],
+        initializer=[*weights0, *weights1, *norms],
+    )
+    model = oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    return model
+
+
+def test_a_skip_layer_normalisation_maps_its_skip_input_too(tmp_path: Path) -> None:
+    # Its outputs are position-wise in both the first layer's output and the skip (x): x is
+    # scattered once, the output gathered once, as without the fusion.
+    model = _skip_layer_norm_between_layers()
+    index, frontier = _frontier_of(model)
+    assert [(t.name, t.axis) for t in frontier.inputs] == [("x", 1)]
+    assert [(t.name, t.axis) for t in frontier.outputs] == [("y", 1)]
+    assert not frontier.warnings
+    for ranks in (2, 4):
+        assert _simulation_is_exact(model, index, tmp_path, ranks)
+
+
 def _next_token_paired() -> onnx.ModelProto:
     """Each position's features joined with the next position's (x[:, 1:] padded back to the
     sequence length with a zero row), then projected, as MobileBERT embeds token trigrams."""
