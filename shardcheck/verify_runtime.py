@@ -345,15 +345,18 @@ class RuntimeCheck:
                 )
 
     def _graph_walks(self) -> _Walks:
-        query, key, masks = _attention_sides(self.by_q, self.hints)
+        query, key, masks = _attention_sides(self.index, self.by_q, self.hints)
         ends = query | key | masks
         hinted = {t.name for t in self.hints.inputs}
+        # A fused attention node is reached through its Q, K and V, never past it from a mask
+        # over the keys it reads: that mask does not make the next layer's Q.
+        fused = {layer.output for layer in self.by_q.values() if layer.kind == "fused"}
         walks = _Walks(query, key, masks)
         for name in self.index.graph_inputs:
             if name not in hinted:
                 # Through data only, up to the attention inputs.
                 walks.input_reach[name] = self.index.computed_from(
-                    [name], stop=hinted, ends=ends, through_shapes=False
+                    [name], stop=hinted | fused, ends=ends, through_shapes=False
                 )
         # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
         # only the others forward.
@@ -516,12 +519,24 @@ class _Walks:
 
 
 def _attention_sides(
-    by_q: dict[str, AttentionLayer], hints: ShardHints
+    index: GraphIndex, by_q: dict[str, AttentionLayer], hints: ShardHints
 ) -> tuple[set[str], set[str], set[str]]:
+    """The layers' Q; their K and V; their masks, with what else a fused attention node reads
+    beside Q, K and V from data (a mask over the keys: key_padding_mask, mask_index), which
+    ends the walks as the masks do instead of leading through the node to the next layer."""
     layers = [by_q[h.q] for h in hints.attention_layers if h.q in by_q] or list(by_q.values())
     query = {layer.q for layer in layers}
     key = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
     masks = {m for layer in layers for m in layer.masks}
+    for layer in layers:
+        if layer.kind == "fused":
+            node = index.nodes[layer.internal[0]]
+            sides = {layer.q, layer.gathered_k, layer.gathered_v}
+            masks.update(
+                name
+                for name in node.inputs
+                if name and name not in sides and index.constant_tensor(name) is None
+            )
     return query, key, masks
 
 

@@ -975,3 +975,52 @@ def test_hints_that_scatter_nothing_are_warned_of() -> None:
     assert warned.message.endswith("(and no attention layer was found in the model)")
     bert = verify(BERT, GOLDEN / "real" / "ts_bert_tiny.json")
     assert "SC125" not in [f.code for f in bert.findings]
+
+
+def _multi_head_attention_layers(path: Path) -> Path:
+    """Two com.microsoft MultiHeadAttention layers, the second's Q, K and V projected from the
+    first's output, both masked over the keys by the graph input ``mask`` [batch, sequence]
+    (their key_padding_mask), as onnxruntime's transformer optimizer fuses BERT."""
+    rng = np.random.default_rng(0)
+    weights, nodes, source = [], [], "x"
+    for layer in range(2):
+        for t in "qkv":
+            matrix = (0.3 * rng.standard_normal((8, 8))).astype(np.float32)
+            weights.append(numpy_helper.from_array(matrix, f"w{t}{layer}"))
+            nodes.append(helper.make_node("MatMul", [source, f"w{t}{layer}"], [f"{t}{layer}"]))
+        nodes.append(
+            helper.make_node(
+                "MultiHeadAttention",
+                [f"q{layer}", f"k{layer}", f"v{layer}", "", "mask"],
+                [f"out{layer}"],
+                domain="com.microsoft",
+                num_heads=2,
+            )
+        )
+        source = f"out{layer}"
+    graph = helper.make_graph(
+        nodes,
+        "multi_head_attention",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 8]),
+            helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "sequence"]),
+        ],
+        [helper.make_tensor_value_info("out1", TensorProto.FLOAT, ["batch", "sequence", 8])],
+        weights,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    return path
+
+
+def test_a_key_mask_of_fused_attention_leads_nowhere_past_the_node(tmp_path: Path) -> None:
+    # The walk from mask went through the first layer's node to the second's Q, and called it
+    # a sequence input to scatter (SC115) while the hints were right: the simulation matches.
+    model = _multi_head_attention_layers(tmp_path / "mha.onnx")
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    report = verify(model, hints, ranks=2)
+    assert report.ok, report.render_text()
+    assert [f.code for f in report.findings].count("SC202") == 2
+    [whole] = [f for f in report.findings if f.code == "SC119"]
+    assert whole.tensor == "mask"
