@@ -172,6 +172,15 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
             "'shardcheck shard' does not"
         )
+    packed = [layer.name for layer in layers if layer.q == layer.gathered_k]
+    if packed:
+        warnings.append(
+            f"{index.source}: no exact cut at {counted(len(packed), 'attention layer')} "
+            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) computing Q, K and V from "
+            "one input (com.microsoft Attention, as onnxruntime's transformer optimizer fuses "
+            "it): gathering K and V gathers Q too; CP may not be exact. Shard the model before "
+            "that fusion"
+        )
     if options.cp_type == "fused":
         # Polygraphy's format gives every layer the one --is-causal.
         unlike = [layer.name for layer in layers if (layer.causal is not None) != options.is_causal]

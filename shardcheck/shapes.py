@@ -529,6 +529,16 @@ class ShapeInference:
             return None
         return [TensorInfo(self._attention_output(node, first.shape))]  # type: ignore[arg-type]
 
+    def _embed_layer_norm(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
+        """com.microsoft EmbedLayerNormalization (onnxruntime's BERT fusion): the ids'
+        [batch, sequence] embedded to the word table's width, the mask's index [batch], the
+        embeddings' sum as the first output."""
+        ids, words = first.shape, self._in(node, 2).shape
+        if node.domain != "com.microsoft" or ids is None or len(ids) != 2 or words is None:
+            return None
+        embedded = TensorInfo((*ids, words[-1]))
+        return [embedded, TensorInfo(ids[:1]), embedded][: len(node.outputs)]
+
     def _pad(self, node: Node, first: TensorInfo) -> list[TensorInfo] | None:
         """Each padded axis grows by its pads (a symbolic length too: MobileBERT pads the
         tokens shifted by one back to the sequence length)."""
@@ -730,6 +740,7 @@ _KNOWN_INPUT_RULES: dict[
     "Conv": ShapeInference._conv_rule,
     "Tile": ShapeInference._tile,
     "Pad": ShapeInference._pad,
+    "EmbedLayerNormalization": ShapeInference._embed_layer_norm,
 }
 _RULE_OPS = ELEMENTWISE | SAME_SHAPE | _ANY_INPUT_RULES.keys() | _KNOWN_INPUT_RULES.keys()
 

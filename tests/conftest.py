@@ -115,3 +115,55 @@ def attention_model(directory: Path, *, positions: bool = False, external: bool 
     else:
         onnx.save(model, path)
     return path
+
+
+def embedded_bert_layer() -> Any:
+    """onnxruntime's BERT fusion: com.microsoft EmbedLayerNormalization of the ids (and the
+    mask's index), then one packed com.microsoft Attention computing Q, K and V from it."""
+    import numpy as np
+    import onnx
+    from onnx import helper as oh
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> Any:
+        return numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    weights = [
+        weight("words", 16, 8),
+        weight("positions", 32, 8),
+        weight("gamma", 8),
+        weight("beta", 8),
+        weight("qkv", 8, 24),
+        weight("qkv_bias", 24),
+    ]
+    nodes = [
+        oh.make_node(
+            "EmbedLayerNormalization",
+            ["ids", "", "words", "positions", "", "gamma", "beta", "mask"],
+            ["embedded", "mask_index"],
+            domain="com.microsoft",
+            name="embed",
+        ),
+        oh.make_node(
+            "Attention",
+            ["embedded", "qkv", "qkv_bias", "mask_index"],
+            ["y"],
+            domain="com.microsoft",
+            name="attention",
+            num_heads=2,
+        ),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "embedded_bert",
+        [
+            oh.make_tensor_value_info("ids", onnx.TensorProto.INT32, ["batch", "sequence"]),
+            oh.make_tensor_value_info("mask", onnx.TensorProto.INT32, ["batch", "sequence"]),
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "sequence", 8])],
+        initializer=weights,
+    )
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)]
+    return oh.make_model(graph, opset_imports=opsets, ir_version=8)

@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, read_json, run_cli
+from conftest import FIXTURES, GOLDEN, embedded_bert_layer, read_json, run_cli
 
 from shardcheck import GenOptions, generate, load_index
 from shardcheck.hints import dumps, loads
@@ -360,3 +361,15 @@ def test_a_fused_shuffle_that_is_no_permutation_is_written_and_warned_of(
         "shardcheck: warning: --q-shuffle 0,0,1 is not a permutation (each axis from 0 to 2 "
         "once); verify reports it (SC112)"
     ]
+
+
+def test_attention_that_computes_q_k_and_v_from_one_input_is_warned_of(tmp_path: Path) -> None:
+    # Gathering a packed com.microsoft Attention's K and V gathers its input, and so its Q.
+    model = tmp_path / "packed.onnx"
+    onnx.save(embedded_bert_layer(), model)
+    result = run_cli("gen", model, "-o", tmp_path / "h.json")
+    assert result.exit_code == 0
+    assert (
+        "no exact cut at 1 attention layer (attention) computing Q, K and V from one input "
+        "(com.microsoft Attention, as onnxruntime's transformer optimizer fuses it)"
+    ) in result.stderr

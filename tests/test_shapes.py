@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURE_MODELS, FIXTURES
+from conftest import FIXTURE_MODELS, FIXTURES, embedded_bert_layer
 from onnx import helper as oh
 from onnx import numpy_helper
 
@@ -330,3 +330,30 @@ def test_multihead_attention_keeps_its_shapes_through_the_in_projection_split() 
     shapes = ShapeInference(load_index(FIXTURES / "real" / "ts_mha_seq_first.onnx"))
     assert shapes.shape("/attn/Reshape_2_output_0") == ("sequence", "batch", 3, 24)
     assert shapes.shape("/attn/Reshape_4_output_0") == (8, "2*batch", 12)
+
+
+def test_embed_layer_normalisation_gives_the_ids_embedded_and_the_mask_index() -> None:
+    import onnxruntime
+
+    model = embedded_bert_layer()
+    shapes = ShapeInference(GraphIndex(model))
+    assert shapes.shape("embedded") == ("batch", "sequence", 8)
+    assert shapes.shape("mask_index") == ("batch",)
+    # What onnxruntime computes, at batch 2 and length 5.
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(
+        oh.make_tensor_value_info(name, elem, None)
+        for name, elem in (
+            ("embedded", onnx.TensorProto.FLOAT),
+            ("mask_index", onnx.TensorProto.INT32),
+        )
+    )
+    session = onnxruntime.InferenceSession(probe.SerializeToString())
+    feeds = {
+        "ids": np.arange(10, dtype=np.int32).reshape(2, 5) % 16,
+        "mask": np.ones((2, 5), dtype=np.int32),
+    }
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, feeds), strict=True))
+    assert outputs["embedded"].shape == (2, 5, 8) and outputs["mask_index"].shape == (2,)
