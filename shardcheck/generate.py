@@ -172,26 +172,7 @@ def _generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
             "'shardcheck shard' does not"
         )
-    packed = [layer.name for layer in layers if layer.q == layer.gathered_k]
-    if packed:
-        warnings.append(
-            f"{index.source}: no exact cut at {counted(len(packed), 'attention layer')} "
-            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) computing Q, K and V from "
-            "one input (com.microsoft Attention, as onnxruntime's transformer optimizer fuses "
-            "it): gathering K and V gathers Q too; CP may not be exact. Shard the model before "
-            "that fusion"
-        )
-    if options.cp_type == "fused":
-        # Polygraphy's format gives every layer the one --is-causal.
-        unlike = [layer.name for layer in layers if (layer.causal is not None) != options.is_causal]
-        if unlike:
-            warnings.append(
-                f"{index.source}: the fused attention is told is_causal "
-                f"{str(options.is_causal).lower()} for every layer, but the mask of "
-                f"{counted(len(unlike), 'layer')} ({'first: ' if len(unlike) > 1 else ''}"
-                f"{unlike[0]}) is {'not ' if options.is_causal else ''}causal; verify reports "
-                "it (SC124)"
-            )
+    warnings.extend(_layer_warnings(index, layers, options))
     unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
     if unknown:
         warnings.append(
@@ -340,6 +321,35 @@ def _kv_axes(
                 f"({kv_rank}); the axes are 0 to {kv_rank - 1}"
             )
     return (0 if k_idx is None else k_idx, 0 if v_idx is None else v_idx, kv_rank)
+
+
+def _layer_warnings(
+    index: GraphIndex, layers: list[AttentionLayer], options: GenOptions
+) -> list[str]:
+    """What keeps the layers from sharding as the hints say: Q, K and V computed from one
+    input; a fused attention told a causality its mask does not have."""
+    warnings: list[str] = []
+    packed = [layer.name for layer in layers if layer.q == layer.gathered_k]
+    if packed:
+        warnings.append(
+            f"{index.source}: no exact cut at {counted(len(packed), 'attention layer')} "
+            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) computing Q, K and V from "
+            "one input (com.microsoft Attention, as onnxruntime's transformer optimizer fuses "
+            "it): gathering K and V gathers Q too; CP may not be exact. Shard the model before "
+            "that fusion"
+        )
+    if options.cp_type == "fused":
+        # Polygraphy's format gives every layer the one --is-causal.
+        unlike = [layer.name for layer in layers if (layer.causal is not None) != options.is_causal]
+        if unlike:
+            warnings.append(
+                f"{index.source}: the fused attention is told is_causal "
+                f"{str(options.is_causal).lower()} for every layer, but the mask of "
+                f"{counted(len(unlike), 'layer')} ({'first: ' if len(unlike) > 1 else ''}"
+                f"{unlike[0]}) is {'not ' if options.is_causal else ''}causal; verify reports "
+                "it (SC124)"
+            )
+    return warnings
 
 
 def _overridden_axes(
