@@ -208,7 +208,8 @@ def first_unsplittable(
         if not any(mentions(dim, name) for name in lengths):
             continue
         size = size_at(dim, dims)
-        if size is not None and size % ranks:
+        # None or below 1: the model does not run at this length, which its run reports.
+        if size is not None and size > 0 and size % ranks:
             return tensor, size
     return None
 

@@ -26,7 +26,10 @@ from shardcheck import GraphIndex, verify
 from shardcheck.errors import HintsFormatError, InputError, ModelError
 from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.hints_file import read_hints
+from shardcheck.loader import load_index
 from shardcheck.report import ERROR, INFO, WARNING
+from shardcheck.shapes import ShapeInference
+from shardcheck.simulate import first_unsplittable
 
 REAL = FIXTURES / "real"
 BAKED_MHA = read_json(REAL / "TRUTH.json")["ts_mha_seq_first"]["baked_length_nodes"][0]["node"]
@@ -842,13 +845,14 @@ def _cross_attention_model(path: Path) -> Path:
     return path
 
 
-def _strided_frames_model(path: Path) -> Path:
+def _strided_frames_model(path: Path, kernel: int = 2) -> Path:
     """Attention over frames a strided convolution makes of ``audio`` [batch, samples, 4]:
-    (samples - 2) // 2 + 1 of them, as a speech model makes frames of its samples."""
+    (samples - kernel) // 2 + 1 of them, as a speech model makes frames of its samples."""
     rng = np.random.default_rng(0)
+    shapes = {"conv_w": (8, 4, kernel), "wq": (8, 8), "wk": (8, 8), "wv": (8, 8)}
     weights = [
         numpy_helper.from_array((0.3 * rng.standard_normal(shape)).astype(np.float32), name)
-        for name, shape in (("conv_w", (8, 4, 2)), ("wq", (8, 8)), ("wk", (8, 8)), ("wv", (8, 8)))
+        for name, shape in shapes.items()
     ]
     nodes = [
         helper.make_node("Transpose", ["audio"], ["channels_first"], perm=[0, 2, 1]),
@@ -887,6 +891,14 @@ def test_the_ranks_must_divide_the_scattered_axis_not_the_length_it_is_made_of(
         "--ranks 2: at sequence length 10, 'conv' is scattered along its axis 2, which then has "
         "5 positions, not a multiple of the 2 ranks; choose --seq-lens accordingly"
     )
+    # With a kernel of 4, one sample makes (1 - 4) // 2 + 1 = -1 frames: the model does not run
+    # there, which its run reports; no count of positions is refused for it.
+    wide = _strided_frames_model(tmp_path / "wide.onnx", kernel=4)
+    shapes = ShapeInference(load_index(wide))
+    made = read_hints(hints)
+    assert first_unsplittable(shapes, made, 2, {"batch": 1, "samples": 1}, ["samples"]) is None
+    unsplit = first_unsplittable(shapes, made, 2, {"batch": 1, "samples": 12}, ["samples"])
+    assert unsplit is not None and (unsplit[0].name, unsplit[1]) == ("conv", 5)
     assert run_cli("simulate", model, hints, "--ranks", "2", "--seq-len", "9").exit_code == 0
     refused_cli = run_cli("simulate", model, hints, "--ranks", "2", "--seq-len", "10")
     assert refused_cli.exit_code == 2
