@@ -58,6 +58,11 @@ def data_derived(index: GraphIndex) -> set[str]:
 MAX_ROUNDS = 12
 
 
+def _packed(layer: AttentionLayer) -> bool:
+    """Whether the layer computes Q, K and V from one input (gathering K gathers Q)."""
+    return layer.q == layer.gathered_k
+
+
 def _gathered_kv(layers: list[AttentionLayer]) -> set[str]:
     """The K and V the layers gather: whole on every rank when read."""
     return {name for layer in layers for name in (layer.gathered_k, layer.gathered_v)}
@@ -76,8 +81,10 @@ def find_frontier(
 
     # Tensors that must be computed whole on every rank. A cut next to one of them moves to
     # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
-    whole: set[str] = set()
-    layer_outputs = {layer.output: layer for layer in layers}
+    # A layer computing Q, K and V from one input (a packed com.microsoft Attention) gets that
+    # input gathered as its K and V, and so its Q: its output is whole on every rank.
+    whole: set[str] = {layer.output for layer in layers if _packed(layer)}
+    layer_outputs = {layer.output: layer for layer in layers if not _packed(layer)}
     # This first walk only gives the nodes after the layers; the last one, once the region is
     # known, gives the tensors to gather and the warnings.
     _, forward_nodes = _walk_forward(index, mapper, layers, Frontier())
@@ -941,7 +948,7 @@ def _walk_forward(
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
     for layer in layers:
-        if layer.q_axis is not None:
+        if layer.q_axis is not None and not _packed(layer):
             rank = mapper.shapes.rank(layer.output)
             if rank is not None:
                 axis = layer.output_axis

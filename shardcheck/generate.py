@@ -332,11 +332,13 @@ def _layer_warnings(
     packed = [layer.name for layer in layers if layer.q == layer.gathered_k]
     if packed:
         warnings.append(
-            f"{index.source}: no exact cut at {counted(len(packed), 'attention layer')} "
-            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) computing Q, K and V from "
-            "one input (com.microsoft Attention, as onnxruntime's transformer optimizer fuses "
-            "it): gathering K and V gathers Q too; CP may not be exact. Shard the model before "
-            "that fusion"
+            f"{index.source}: {counted(len(packed), 'attention layer')} "
+            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) "
+            f"{'computes' if len(packed) == 1 else 'compute'} Q, K and V from one input "
+            "(com.microsoft Attention, as onnxruntime's transformer optimizer fuses it): "
+            "gathering K and V gathers Q too, so every rank computes "
+            f"{'it' if len(packed) == 1 else 'them'} whole, which CP does not speed up; shard "
+            "the model before that fusion"
         )
     if options.cp_type == "fused":
         # Polygraphy's format gives every layer the one --is-causal.

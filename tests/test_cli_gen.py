@@ -364,12 +364,22 @@ def test_a_fused_shuffle_that_is_no_permutation_is_written_and_warned_of(
 
 
 def test_attention_that_computes_q_k_and_v_from_one_input_is_warned_of(tmp_path: Path) -> None:
-    # Gathering a packed com.microsoft Attention's K and V gathers its input, and so its Q.
+    # Gathering a packed com.microsoft Attention's K and V gathers its input, and so its Q:
+    # every rank computes the layer whole. The hints say so (nothing is gathered after it),
+    # and the simulation matches.
     model = tmp_path / "packed.onnx"
     onnx.save(embedded_bert_layer(), model)
     result = run_cli("gen", model, "-o", tmp_path / "h.json")
     assert result.exit_code == 0
     assert (
-        "no exact cut at 1 attention layer (attention) computing Q, K and V from one input "
-        "(com.microsoft Attention, as onnxruntime's transformer optimizer fuses it)"
+        "1 attention layer (attention) computes Q, K and V from one input (com.microsoft "
+        "Attention, as onnxruntime's transformer optimizer fuses it): gathering K and V gathers "
+        "Q too, so every rank computes it whole, which CP does not speed up"
     ) in result.stderr
+    hints = read_json(tmp_path / "h.json")
+    assert [t["name"] for t in hints["inputs"]] == ["embedded"] and hints["outputs"] == []
+    for ranks in ("2", "4"):
+        simulated = run_cli(
+            "simulate", model, tmp_path / "h.json", "--ranks", ranks, "--seq-len", "8"
+        )
+        assert simulated.exit_code == 0, simulated.stdout
