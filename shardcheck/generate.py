@@ -331,14 +331,14 @@ def _layer_warnings(
     warnings: list[str] = []
     packed = [layer.name for layer in layers if layer.q == layer.gathered_k]
     if packed:
+        one = len(packed) == 1
         warnings.append(
             f"{index.source}: {counted(len(packed), 'attention layer')} "
-            f"({'first: ' if len(packed) > 1 else ''}{packed[0]}) "
-            f"{'computes' if len(packed) == 1 else 'compute'} Q, K and V from one input "
-            "(com.microsoft Attention, as onnxruntime's transformer optimizer fuses it): "
-            "gathering K and V gathers Q too, so every rank computes "
-            f"{'it' if len(packed) == 1 else 'them'} whole, which CP does not speed up; shard "
-            "the model before that fusion"
+            f"({'first: ' if not one else ''}{packed[0]}) {'takes' if one else 'take'} Q and K "
+            "from one tensor: gathering K and V gathers Q too, so every rank computes "
+            f"{'it' if one else 'them'} whole, which CP does not speed up (a packed "
+            "com.microsoft Attention, as onnxruntime's transformer optimizer fuses it, does "
+            "so: shard the model before that fusion)"
         )
     if options.cp_type == "fused":
         # Polygraphy's format gives every layer the one --is-causal.

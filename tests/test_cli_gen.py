@@ -372,9 +372,9 @@ def test_attention_that_computes_q_k_and_v_from_one_input_is_warned_of(tmp_path:
     result = run_cli("gen", model, "-o", tmp_path / "h.json")
     assert result.exit_code == 0
     assert (
-        "1 attention layer (attention) computes Q, K and V from one input (com.microsoft "
-        "Attention, as onnxruntime's transformer optimizer fuses it): gathering K and V gathers "
-        "Q too, so every rank computes it whole, which CP does not speed up"
+        "1 attention layer (attention) takes Q and K from one tensor: gathering K and V gathers "
+        "Q too, so every rank computes it whole, which CP does not speed up (a packed "
+        "com.microsoft Attention"
     ) in result.stderr
     hints = read_json(tmp_path / "h.json")
     assert [t["name"] for t in hints["inputs"]] == ["embedded"] and hints["outputs"] == []
