@@ -34,22 +34,16 @@ KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsque
 MAX_SIDE_DEPTH = 8
 MAX_MASK_NODES = 80
 
-# The input of each fused op that masks the scores over queries and keys, [..., query, key]
-# (ONNX Attention's attn_mask; com.microsoft's attention_bias). Their masks over the keys only
-# (key_padding_mask, mask_index) are no such input: each rank reads them whole.
-FUSED_MASK_INPUT = {
-    ("", "Attention"): 3,
-    ("ai.onnx", "Attention"): 3,
-    ("com.microsoft", "MultiHeadAttention"): 5,
-    ("com.microsoft", "Attention"): 5,
-}
-
-FUSED_OPS = {
-    ("", "Attention"): (0, 1, 2),
-    ("ai.onnx", "Attention"): (0, 1, 2),
-    ("com.microsoft", "MultiHeadAttention"): (0, 1, 2),
-    ("com.microsoft", "GroupQueryAttention"): (0, 1, 2),
-    ("com.microsoft", "Attention"): (0, 0, 0),
+# Each fused op's Q, K and V inputs, and the input that masks its scores over queries and
+# keys, [..., query, key] (ONNX Attention's attn_mask; com.microsoft's attention_bias), if it
+# has one. Their masks over the keys only (key_padding_mask, mask_index) are no such input:
+# each rank reads them whole.
+FUSED_OPS: dict[tuple[str, str], tuple[int, int, int, int | None]] = {
+    ("", "Attention"): (0, 1, 2, 3),
+    ("ai.onnx", "Attention"): (0, 1, 2, 3),
+    ("com.microsoft", "MultiHeadAttention"): (0, 1, 2, 5),
+    ("com.microsoft", "GroupQueryAttention"): (0, 1, 2, None),
+    ("com.microsoft", "Attention"): (0, 0, 0, 5),
 }
 
 
@@ -390,10 +384,9 @@ def _is_triangular(value: np.ndarray) -> bool:
 def _fused(
     index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node, look_for_causal: bool
 ) -> tuple[int, AttentionLayer]:
-    q_pos, k_pos, v_pos = FUSED_OPS[(node.domain, node.op_type)]
+    q_pos, k_pos, v_pos, at = FUSED_OPS[(node.domain, node.op_type)]
     q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))
-    at = FUSED_MASK_INPUT.get((node.domain, node.op_type))
     mask = node.inputs[at] if at is not None and at < len(node.inputs) else ""
     masks = (mask,) if mask and shapes.rank(mask) not in (0, 1) else ()
     causal = None
