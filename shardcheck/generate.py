@@ -18,6 +18,7 @@ from shardcheck.hints import (
     FusedAttention,
     ShardHints,
     ShardTensor,
+    is_permutation,
 )
 from shardcheck.options import GenOptions
 from shardcheck.patterns.polygraphy import PATTERN_DESCRIPTIONS, PatternMatch, match_all
@@ -64,7 +65,7 @@ def _shuffles_not_permutations(options: GenOptions) -> list[str]:
         f"--{name.replace('_', '-')} {','.join(map(str, shuffle))} is not a permutation "
         f"(each axis from 0 to {len(shuffle) - 1} once); verify reports it (SC112)"
         for name in ("q_shuffle", "k_shuffle", "v_shuffle")
-        if (shuffle := getattr(options, name)) and sorted(shuffle) != list(range(len(shuffle)))
+        if (shuffle := getattr(options, name)) and not is_permutation(shuffle)
     ]
 
 

@@ -48,6 +48,11 @@ class FusedAttention:
     nb_rank: int = 1
 
 
+def is_permutation(axes: Sequence[int]) -> bool:
+    """Whether ``axes`` holds each axis from 0 to its length - 1 once (a fused shuffle must)."""
+    return sorted(axes) == list(range(len(axes)))
+
+
 @dataclass(frozen=True)
 class ShardTensor:
     """A tensor to scatter (input) or gather (output) along ``seq_len_idx``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardcheck.detect import AttentionLayer
 from shardcheck.dim_expressions import BATCH_LIKE
 from shardcheck.graph import GraphIndex
-from shardcheck.hints import ShardHints, ShardTensor
+from shardcheck.hints import ShardHints, ShardTensor, is_permutation
 from shardcheck.report import ERROR, WARNING, Report
 from shardcheck.shapes import ShapeInference
 from shardcheck.wording import counted
@@ -264,7 +264,7 @@ def _check_layers(
                 continue
             rank = shapes.rank(tensor) if tensor else None
             expected_len = rank if rank is not None else len(shuffle)
-            if sorted(shuffle) != list(range(len(shuffle))) or len(shuffle) != expected_len:
+            if not is_permutation(shuffle) or len(shuffle) != expected_len:
                 report.add(
                     "SC112",
                     ERROR,
