@@ -75,6 +75,8 @@ class RuntimeCheck:
         self.graph_outputs: dict[int, tuple[dict[str, int], dict[str, np.ndarray]]] = {}
         self.baked: BakedLength | None = None
         self._walks: _Walks | None = None
+        # For the few tensors whose axis is followed to the masks (asked in prepare and run).
+        self._mapper: AxisMapper | None = None
 
     def prepare(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
         """What needs no run, done while the session is made: every length fits in memory,
@@ -379,8 +381,10 @@ class RuntimeCheck:
         merges the axis with another, as TorchScript's BERT flattens its padding mask)."""
         if self.shapes is None:
             return {}
-        layers = list(self.by_q.values())
-        mapper = AxisMapper(self.index, self.shapes, sequence_dim(self.shapes, layers))
+        if self._mapper is None:
+            layers = list(self.by_q.values())
+            self._mapper = AxisMapper(self.index, self.shapes, sequence_dim(self.shapes, layers))
+        mapper = self._mapper
         queue, seen = deque(starts), set(starts)
         reached: dict[str, set[int]] = {}
         while queue:
