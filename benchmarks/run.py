@@ -30,13 +30,13 @@ How each figure is taken:
   deepest export model saved with external weights; that a weight file is never opened is shown
   by tracing gen's ``open``/``openat`` calls with strace when it is installed, and by running gen
   with the weight file renamed away (it must succeed and write the same hints).
-* verify: ``shardcheck.verify.verify`` on the hints gen wrote, timed whole, against the same
-  onnxruntime work (its sessions and runs, recorded by wrapping ``onnxruntime.InferenceSession``)
+* verify: ``shardcheck.verify`` on the hints gen wrote, timed whole, against the same onnxruntime
+  work (its sessions and runs, recorded by wrapping ``onnxruntime.InferenceSession``)
   replayed alone right after, alternating, ``--verify-pairs`` pairs (at least 3): the median of the
   pairs' ratios (and the median times) are shown. verify
   makes its session in a thread while it analyses the model, so the onnxruntime time measured
   inside verify is longer than alone; it is shown too, but the ratio is against the replay.
-* simulation: ``shardcheck.simulate.simulate`` with each of ``--ranks`` (2 and 4 ranks by
+* simulation: ``shardcheck.simulate`` with each of ``--ranks`` (2 and 4 ranks by
   default), against one inference of the model (an onnxruntime session made and run once,
   options as shardcheck's), alternating, in up to 3 pairs (as many as fit in 20 s, at least
   one): the median of the pairs' ratios. Neither clock pays for freeing the sessions: the
@@ -322,10 +322,10 @@ def measure_in_process(model: BuiltModel, repeats: int, env: dict[str, str]) -> 
 
 def in_process(path: str, repeats: int) -> InProcess:
     """onnx.load against gen's own steps after the parse, as ``shardcheck gen`` runs them."""
-    from shardcheck.generate import generate
-    from shardcheck.hints import dumps
-    from shardcheck.loader import index_parsed, parse_model
-    from shardcheck.options import GenOptions
+    from shardcheck.generation.generate import generate
+    from shardcheck.generation.options import GenOptions
+    from shardcheck.graph.loader import index_parsed, parse_model
+    from shardcheck.hints.model import dumps
 
     loads, checks, indexes, generates, checkers = [], [], [], [], []
     for _ in range(max(3, repeats)):
@@ -540,10 +540,10 @@ def replay_onnxruntime(calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any
 def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, float | None]:
     """Whole ``verify`` against the onnxruntime work it makes, replayed alone (``pairs``
     alternating pairs); the onnxruntime time inside verify is shown too."""
-    if not module_available("shardcheck.verify"):
+    if not module_available("shardcheck.verification.verify"):
         return NOT_AVAILABLE, None
     try:
-        from shardcheck.verify import verify
+        from shardcheck.verification.verify import verify
 
         verify(model.path, hints)  # warm-up: imports, file cache
         wholes, inside, alone = [], [], []
@@ -572,8 +572,8 @@ def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, flo
 
 def one_inference(model: BuiltModel, seq_len: int) -> float:
     """An onnxruntime session made and run once on seeded inputs, made as shardcheck makes
-    its sessions (``shardcheck.feeds.make_session``: its options, no graph optimizations)."""
-    from shardcheck.feeds import make_session
+    its sessions (``make_session``: its options, no graph optimizations)."""
+    from shardcheck.runtime.feeds import make_session
 
     proto = onnx.load(str(model.path))
     rng = np.random.default_rng(0)
@@ -593,11 +593,11 @@ def measure_simulation(
     model: BuiltModel, hints: Path, ranks: int, seq_len: int
 ) -> tuple[str, float | None]:
     """``simulate`` on N ranks against one inference of the model."""
-    if not module_available("shardcheck.simulate"):
+    if not module_available("shardcheck.simulation.simulate"):
         return NOT_AVAILABLE, None
     try:
         from shardcheck import lifetime
-        from shardcheck.simulate import simulate
+        from shardcheck.simulation.simulate import simulate
 
         wholes: list[float] = []
         inferences: list[float] = []

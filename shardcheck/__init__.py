@@ -2,25 +2,29 @@
 
 Every name below is imported on first use, so that ``shardcheck gen`` imports neither deepdiff
 nor onnxruntime (which only the modules that run models import, when they run one), nor the
-modules of the other commands. ``generate``, ``verify`` and ``simulate`` share their names with
-their modules: importing such a module binds it as an attribute of the package, which the
-package class below declines, so that the name keeps meaning the function.
+modules of the other commands.
+
+The subpackages read bottom-up as the pipeline: ``graph`` (reading ONNX) -> ``analysis`` (shapes,
+attention, axes) -> ``frontier`` (where to cut) -> ``hints`` (the file) -> ``generation`` (gen) ->
+``runtime`` (onnxruntime) -> ``sharding`` and ``simulation`` -> ``verification`` -> ``gating``,
+with ``cli`` and ``pytest_plugin`` on top.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardcheck.detect import AttentionLayer, detect_attention
-    from shardcheck.diff import diff_hints
+    from shardcheck.analysis.detect import AttentionLayer, detect_attention
     from shardcheck.errors import HintsFormatError, InputError, ModelError, ShardcheckError
-    from shardcheck.generate import GenResult, generate
-    from shardcheck.graph import GraphIndex
-    from shardcheck.hints import (
+    from shardcheck.generation.generate import GenResult, generate
+    from shardcheck.generation.options import GenOptions
+    from shardcheck.graph.index import GraphIndex
+    from shardcheck.graph.loader import load_index, read_model
+    from shardcheck.hints.diff import diff_hints
+    from shardcheck.hints.files import read_hints, write_hints
+    from shardcheck.hints.model import (
         AttentionLayerHint,
         DistCollective,
         FusedAttention,
@@ -29,20 +33,17 @@ if TYPE_CHECKING:
         dumps,
         loads,
     )
-    from shardcheck.hints_file import read_hints, write_hints
-    from shardcheck.loader import load_index, read_model
-    from shardcheck.options import GenOptions
-    from shardcheck.report import Report
-    from shardcheck.simulate import simulate
-    from shardcheck.verify import verify
+    from shardcheck.simulation.simulate import simulate
+    from shardcheck.verification.findings import Report
+    from shardcheck.verification.verify import verify
 
 _MODULES = {
-    "shardcheck.detect": ("AttentionLayer", "detect_attention"),
-    "shardcheck.diff": ("diff_hints",),
+    "shardcheck.analysis.detect": ("AttentionLayer", "detect_attention"),
+    "shardcheck.hints.diff": ("diff_hints",),
     "shardcheck.errors": ("HintsFormatError", "InputError", "ModelError", "ShardcheckError"),
-    "shardcheck.generate": ("GenResult", "generate"),
-    "shardcheck.graph": ("GraphIndex",),
-    "shardcheck.hints": (
+    "shardcheck.generation.generate": ("GenResult", "generate"),
+    "shardcheck.graph.index": ("GraphIndex",),
+    "shardcheck.hints.model": (
         "AttentionLayerHint",
         "DistCollective",
         "FusedAttention",
@@ -51,16 +52,14 @@ _MODULES = {
         "dumps",
         "loads",
     ),
-    "shardcheck.hints_file": ("read_hints", "write_hints"),
-    "shardcheck.loader": ("load_index", "read_model"),
-    "shardcheck.options": ("GenOptions",),
-    "shardcheck.report": ("Report",),
-    "shardcheck.simulate": ("simulate",),
-    "shardcheck.verify": ("verify",),
+    "shardcheck.hints.files": ("read_hints", "write_hints"),
+    "shardcheck.graph.loader": ("load_index", "read_model"),
+    "shardcheck.generation.options": ("GenOptions",),
+    "shardcheck.verification.findings": ("Report",),
+    "shardcheck.simulation.simulate": ("simulate",),
+    "shardcheck.verification.verify": ("verify",),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
-# The functions named like their modules.
-_SHADOWING = frozenset(name for name in _HOME if _HOME[name] == f"shardcheck.{name}")
 
 __all__ = [
     "AttentionLayer",
@@ -102,15 +101,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The import system binds a submodule to its package; for the modules named like a
-        # public function, the name stays the function's.
-        if name in _SHADOWING and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -23,8 +23,8 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from shardcheck.hints import ShardHints
-    from shardcheck.manifest import Manifest, ModelEntry
+    from shardcheck.gating.manifest import Manifest, ModelEntry
+    from shardcheck.hints.model import ShardHints
 
 UPDATE_FLAG = "--shardcheck-update"
 STALE_ITEM_NAME = "[stale goldens]"
@@ -140,7 +140,7 @@ class ManifestFile(pytest.File):
     """The manifest file: one collector per model."""
 
     def collect(self) -> Iterator[pytest.Item | pytest.Collector]:
-        from shardcheck.manifest import load_manifest
+        from shardcheck.gating.manifest import load_manifest
 
         manifest = load_manifest(self.path)
         for entry in manifest.models:
@@ -188,7 +188,7 @@ class GenItem(_ModelItem):
     """Generate the model's hints and compare them with its golden (rewrite with update)."""
 
     def runtest(self) -> None:
-        from shardcheck.gate import CREATED, UPDATED, check_model
+        from shardcheck.gating.gate import CREATED, UPDATED, check_model
 
         settings = _settings(self.config)
         result = check_model(self.entry, update=settings.update)
@@ -199,10 +199,10 @@ class GenItem(_ModelItem):
 
 
 class VerifyItem(_ModelItem):
-    """Verify the model's generated hints (``shardcheck.verify``)."""
+    """Verify the model's generated hints (``shardcheck.verification.verify``)."""
 
     def runtest(self) -> None:
-        from shardcheck.gate import verify_model
+        from shardcheck.gating.gate import verify_model
 
         outcome = verify_model(self.entry)
         if not outcome.ok:
@@ -217,7 +217,7 @@ class StaleGoldensItem(pytest.Item):
         self.manifest = manifest
 
     def runtest(self) -> None:
-        from shardcheck.gate import find_stale_goldens
+        from shardcheck.gating.gate import find_stale_goldens
 
         stale = find_stale_goldens(self.manifest)
         if stale:
@@ -270,7 +270,7 @@ class ShardHintsRegression:
         """The hints of ``model_path``; fails the test unless they equal the golden."""
         __tracebackhide__ = True
         from shardcheck.errors import ShardcheckError
-        from shardcheck.gate import (
+        from shardcheck.gating.gate import (
             CREATED,
             DIFFERS,
             INVALID,
@@ -278,9 +278,9 @@ class ShardHintsRegression:
             compare_with_golden,
             count_text,
         )
-        from shardcheck.generate import generate
-        from shardcheck.loader import load_index
-        from shardcheck.options import GenOptions
+        from shardcheck.generation.generate import generate
+        from shardcheck.generation.options import GenOptions
+        from shardcheck.graph.loader import load_index
 
         golden = self.golden_path(basename)
         settings = _settings(self._request.config)

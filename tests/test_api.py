@@ -44,7 +44,7 @@ def test_gen_does_not_import_onnxruntime_or_deepdiff(tmp_path: Path) -> None:
 def _analyses(name: str) -> tuple[Callable[[], object], Callable[[], object]]:
     """The analysis ``name`` runs, with the collector left as it is, and the call itself."""
     from shardcheck import GenOptions, generate, load_index, simulate, verify
-    from shardcheck.generate import _generate_detected
+    from shardcheck.generation.generate import _generate_detected
 
     model = FIXTURE.parent / "real" / "dynamo_llama_tiny_gqa.onnx"
     hints = FIXTURE.parents[1] / "golden" / "real" / "dynamo_llama_tiny_gqa.json"
@@ -95,7 +95,8 @@ def test_the_analyses_pause_the_cyclic_collector_and_restore_its_state(name: str
 
 def test_a_function_named_like_its_module_stays_the_function_after_the_module_is_imported() -> None:
     code = (
-        "import types, shardcheck.simulate, shardcheck.verify, shardcheck.generate\n"
+        "import types, shardcheck.simulation.simulate, shardcheck.verification.verify\n"
+        "import shardcheck.generation.generate\n"
         "import shardcheck\n"
         "names = ('generate', 'simulate', 'verify')\n"
         "print(all(callable(getattr(shardcheck, n)) and not isinstance(getattr(shardcheck, n), "

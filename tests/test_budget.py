@@ -11,15 +11,15 @@ import pytest
 from conftest import FIXTURES, GOLDEN, run_cli
 from onnx import TensorProto, helper
 
-from shardcheck.budget import available_bytes, check_memory, estimate, human, resolve
-from shardcheck.detect import detect_attention
+from shardcheck.analysis.detect import detect_attention
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError
-from shardcheck.generate import generate
-from shardcheck.graph import GraphIndex
-from shardcheck.hints_file import write_hints
-from shardcheck.loader import load_index
-from shardcheck.options import GenOptions
-from shardcheck.shapes import ShapeInference
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.index import GraphIndex
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import write_hints
+from shardcheck.runtime.memory import available_bytes, check_memory, estimate, human, resolve
 
 MODEL = FIXTURES / "attention_head.onnx"  # x [batch, sequence_len, 16] -> scores [b, S, S]
 HINTS = GOLDEN / "attention_head.json"
@@ -185,7 +185,7 @@ def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:
 def test_verify_refuses_weights_that_cannot_fit_before_onnxruntime_loads_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import shardcheck.budget as budget
+    import shardcheck.runtime.memory as budget
 
     index = load_index(MODEL)
     weights = budget.weights_bytes(index)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, MULTI_ATTENTION_WARNING, ROOT, run_cli
 
-from shardcheck.generate import generate
-from shardcheck.hints import ShardHints, dumps
-from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
-from shardcheck.options import GenOptions
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import ShardHints, dumps
 
 MODELS = ("attention", "attention_head", "multi_attention")
 OLD_MTIME_NS = 1_000_000_000_000_000_000
@@ -328,7 +328,7 @@ def test_no_manifest_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_verify_without_verify_module_is_a_clean_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "shardcheck.verify", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "shardcheck.verification.verify", None)  # import now fails
     manifest = make_project(tmp_path, ("attention",))
 
     result = run_cli("check", "--manifest", manifest, "--verify")
@@ -468,7 +468,7 @@ def test_update_does_not_write_a_golden_verify_could_not_check(tmp_path: Path) -
 
 
 def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> None:
-    verify_module = importlib.import_module("shardcheck.verify")
+    verify_module = importlib.import_module("shardcheck.verification.verify")
     manifest = make_project(tmp_path, ("attention_head",))
     # Polygraphy's compat mode writes k_seq_len_idx 0; this head's K has the sequence on axis 2.
     compat = GenOptions(compat="polygraphy")

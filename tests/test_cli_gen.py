@@ -11,7 +11,7 @@ import pytest
 from conftest import FIXTURES, GOLDEN, embedded_bert_layer, read_json, run_cli
 
 from shardcheck import GenOptions, generate, load_index
-from shardcheck.hints import dumps, loads
+from shardcheck.hints.model import dumps, loads
 
 
 def test_gen_writes_hints_file(tmp_path: Path) -> None:
@@ -323,7 +323,7 @@ def test_gen_hands_the_model_it_read_to_the_console_commands_exit(
     """Freed one object at a time, a large model's index takes tens of milliseconds; the
     console command's exit frees it with the process instead (lifetime.py)."""
     from shardcheck import lifetime
-    from shardcheck.graph import GraphIndex
+    from shardcheck.graph.index import GraphIndex
 
     out = tmp_path / "hints.json"
     assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from conftest import FIXTURES, run_cli
 
-from shardcheck import concurrent_check, loader, protos
-from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import ModelError
-from shardcheck.loader import index_parsed, load_index, parse_model
+from shardcheck.graph import concurrent_check, loader, protos
+from shardcheck.graph.concurrent_check import checked_concurrently
+from shardcheck.graph.loader import index_parsed, load_index, parse_model
 
 MODEL = FIXTURES / "attention_head.onnx"
 FORK_BESIDE_THREADS = "ignore:This process .* is multi-threaded, use of fork"
@@ -276,7 +276,7 @@ def test_a_model_file_truncated_after_the_parse_is_still_checked(tmp_path: Path)
 _RECORDING_GEN = """
 import os, sys
 from shardcheck.cli import main
-from shardcheck.loader import ParsedModel
+from shardcheck.graph.loader import ParsedModel
 
 record, model, out = sys.argv[1:4]
 real = ParsedModel.check

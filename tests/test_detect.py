@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURE_MODELS, FIXTURES
 
 from shardcheck import AttentionLayer, detect_attention, load_index
-from shardcheck.detect import layer_tensors
+from shardcheck.analysis.detect import layer_tensors
 
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import GOLDEN, run_cli
 
-from shardcheck.diff import diff_hints
 from shardcheck.errors import HintsFormatError
-from shardcheck.hints import AttentionLayerHint, ShardHints, ShardTensor, dumps, encode
-from shardcheck.hints_file import read_hints
+from shardcheck.hints.diff import diff_hints
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import AttentionLayerHint, ShardHints, ShardTensor, dumps, encode
 
 # Two layers (q, q2), six inputs, two outputs: enough entries for order to matter.
 BASE = ShardHints(

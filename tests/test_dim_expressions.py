@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardcheck.dim_expressions import always_one, mentions
-from shardcheck.graph import Dim
+from shardcheck.analysis.symbolic import always_one, mentions
+from shardcheck.graph.index import Dim
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,17 @@ import pytest
 from conftest import FIXTURES, read_json
 from onnx import TensorProto, helper
 
-from shardcheck.dtypes import infer_elem_types
-from shardcheck.feeds import BATCH_LIKE, graph_input_dims, make_feeds, resolve_dims, run_model
-from shardcheck.hints import ShardHints
-from shardcheck.loader import load_index
-from shardcheck.ranks import untyped_output
+from shardcheck.analysis.elem_types import infer_elem_types
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.model import ShardHints
+from shardcheck.runtime.feeds import (
+    BATCH_LIKE,
+    graph_input_dims,
+    make_feeds,
+    resolve_dims,
+    run_model,
+)
+from shardcheck.simulation.simulator import untyped_output
 
 REAL = sorted((FIXTURES / "real").glob("*.onnx"))
 # A model that runs at one length only (TRUTH.json's traced_seq_len) is run at that length.

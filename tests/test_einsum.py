@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GenOptions, detect_attention, generate, load_index, simulate
-from shardcheck.einsum import context_roles, parse, score_roles
-from shardcheck.shapes import ShapeInference
+from shardcheck.analysis.einsum import context_roles, parse, score_roles
+from shardcheck.analysis.shapes import ShapeInference
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,14 @@ from onnx import TensorProto, helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
-from shardcheck.feeds import (
+from shardcheck.hints.model import ShardHints, ShardTensor
+from shardcheck.runtime.feeds import (
     embedding_table_size,
     make_feeds,
     make_session,
     resolve_dims,
     run_model,
 )
-from shardcheck.hints import ShardHints, ShardTensor
 
 REAL = FIXTURES / "real"
 

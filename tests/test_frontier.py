@@ -11,9 +11,10 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from shardcheck import GenOptions, generate, simulate
-from shardcheck.axes import AxisMapper, _blocks
-from shardcheck.detect import AttentionLayer, detect_attention
-from shardcheck.frontier import (
+from shardcheck.analysis.axes import AxisMapper, _blocks
+from shardcheck.analysis.detect import AttentionLayer, detect_attention
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.frontier.search import (
     SHAPE_OPS,
     Frontier,
     _must_be_whole,
@@ -24,10 +25,9 @@ from shardcheck.frontier import (
     data_derived,
     find_frontier,
 )
-from shardcheck.graph import Dim, GraphIndex, Node
-from shardcheck.loader import load_index
-from shardcheck.shapes import ShapeInference
-from shardcheck.tensor_ids import TensorIds
+from shardcheck.graph.index import Dim, GraphIndex, Node
+from shardcheck.graph.loader import load_index
+from shardcheck.graph.tensor_ids import TensorIds
 
 SEQ = "sequence_length"
 REAL = FIXTURES / "real"

@@ -20,9 +20,10 @@ from conftest import GOLDEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardcheck.diff import canonical, diff_hints
 from shardcheck.errors import HintsFormatError
-from shardcheck.hints import (
+from shardcheck.hints.diff import canonical, diff_hints
+from shardcheck.hints.files import read_hints, write_hints
+from shardcheck.hints.model import (
     CLASS_KEY,
     FLAT_KEYS,
     MAX_AXIS,
@@ -39,7 +40,6 @@ from shardcheck.hints import (
     encode,
     loads,
 )
-from shardcheck.hints_file import read_hints, write_hints
 
 INT32_MAX = 2**31 - 1
 GOLDENS = [json.loads(path.read_text()) for path in sorted(GOLDEN.glob("*.json"))]

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from shardcheck.hints import DistCollective
-from shardcheck.ranks import RankSimulator
-from shardcheck.shard import (
+from shardcheck.hints.model import DistCollective
+from shardcheck.sharding.rewrite import (
     ALL_GATHER,
     COLLECTIVE_OP,
     REDUCE_SCATTER,
     ShardedModel,
     collective_attributes,
 )
+from shardcheck.simulation.simulator import RankSimulator
 
 # Each step maps a [rows, 3] float tensor to another of the same shape.
 STEPS = st.sampled_from(

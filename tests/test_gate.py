@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, MULTI_ATTENTION_WARNING
 
 from shardcheck.errors import InputError
-from shardcheck.gate import (
+from shardcheck.gating.gate import (
     CREATED,
     DIFFERS,
     ERROR,
@@ -23,12 +23,12 @@ from shardcheck.gate import (
     run_check,
     run_verify,
 )
-from shardcheck.generate import generate
-from shardcheck.hints import ShardHints, dumps
-from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
-from shardcheck.manifest import Manifest, load_manifest
-from shardcheck.options import GenOptions
+from shardcheck.gating.manifest import Manifest, load_manifest
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import ShardHints, dumps
 
 MODELS = ("attention", "attention_head", "multi_attention")
 OLD_MTIME_NS = 1_000_000_000_000_000_000  # 2001: any write by the gate changes it
@@ -278,7 +278,7 @@ def test_json_report(tmp_path: Path) -> None:
 def test_verify_request_without_verify_module_is_an_input_error_before_any_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "shardcheck.verify", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "shardcheck.verification.verify", None)  # import now fails
     manifest = make_project(tmp_path, ("attention",))
     golden = tmp_path / "golden" / "attention.json"
     golden.write_text(dumps(with_reduce_op(read_hints(golden), "min")))
@@ -292,7 +292,7 @@ def test_verify_request_without_verify_module_is_an_input_error_before_any_write
 
 
 def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Path) -> None:
-    verify_module = importlib.import_module("shardcheck.verify")
+    verify_module = importlib.import_module("shardcheck.verification.verify")
     manifest_path = make_project(tmp_path, ("attention", "attention_head"))
     text = manifest_path.read_text().replace(
         'golden = "golden/attention.json"',

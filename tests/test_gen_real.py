@@ -14,7 +14,7 @@ from conftest import FIXTURES, run_cli, simulated_lengths
 
 from shardcheck import GenOptions, generate, load_index, simulate, verify
 from shardcheck.errors import AnalysisError
-from shardcheck.feeds import BATCH_LIKE, graph_input_dims
+from shardcheck.runtime.feeds import BATCH_LIKE, graph_input_dims
 
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())

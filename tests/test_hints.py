@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from shardcheck.errors import HintsFormatError
-from shardcheck.hints import (
+from shardcheck.hints.files import write_hints
+from shardcheck.hints.model import (
     AttentionLayerHint,
     DistCollective,
     FusedAttention,
@@ -19,7 +20,6 @@ from shardcheck.hints import (
     loads,
     validated,
 )
-from shardcheck.hints_file import write_hints
 
 FULL = ShardHints(
     parallelism="CP",

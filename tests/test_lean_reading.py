@@ -14,10 +14,10 @@ from conftest import FIXTURE_MODELS, FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
-from shardcheck import protos
-from shardcheck.detect import _is_triangular, _may_be_triangular_constant
-from shardcheck.graph import GraphIndex, raw_values
-from shardcheck.loader import _run_checker, load_index, parse_model
+from shardcheck.analysis.detect import _is_triangular, _may_be_triangular_constant
+from shardcheck.graph import protos
+from shardcheck.graph.index import GraphIndex, raw_values
+from shardcheck.graph.loader import _run_checker, load_index, parse_model
 
 
 def assert_prints_ok(code: str) -> None:
@@ -42,7 +42,7 @@ def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> No
 
 def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
     code = (
-        "import sys; from shardcheck import protos\n"
+        "import sys; from shardcheck.graph import protos\n"
         "assert 'onnx' not in sys.modules\n"
         "onnx = protos.full_onnx()\n"
         "assert onnx.ModelProto is protos.ModelProto and onnx.TensorProto is protos.TensorProto\n"
@@ -59,7 +59,7 @@ def test_the_checker_survives_a_restored_snapshot_of_sys_modules() -> None:
     # pytest's in-process runs (pytester) restore sys.modules afterwards, dropping the
     # extension loaded meanwhile; loading it again aborted the process (nanobind).
     code = (
-        "import sys; from shardcheck import protos\n"
+        "import sys; from shardcheck.graph import protos\n"
         "snapshot = dict(sys.modules)\n"
         "first = protos.checker()\n"
         "sys.modules.clear(); sys.modules.update(snapshot)\n"
@@ -77,9 +77,9 @@ def test_checking_a_model_imports_neither_onnx_nor_numpy(tmp_path: Path) -> None
     invalid.graph.node[0].op_type = "NoSuchOp"
     onnx.save(invalid, tmp_path / "invalid.onnx")
     code = (
-        "import sys; from shardcheck import protos\n"
+        "import sys; from shardcheck.graph import protos\n"
         "from shardcheck.errors import ModelError\n"
-        "from shardcheck.loader import read_model\n"
+        "from shardcheck.graph.loader import read_model\n"
         f"read_model({str(FIXTURE_MODELS[0])!r})\n"
         "try:\n"
         f"    read_model({str(tmp_path / 'invalid.onnx')!r})\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from shardcheck.errors import InputError
-from shardcheck.manifest import find_manifest, load_manifest
-from shardcheck.options import GenOptions
+from shardcheck.gating.manifest import find_manifest, load_manifest
+from shardcheck.generation.options import GenOptions
 
 TWO_MODELS = """
 [tool.shardcheck]

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from shardcheck.generate import generate
-from shardcheck.hints import ShardHints, dumps
-from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
-from shardcheck.options import GenOptions
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import ShardHints, dumps
 
 MODELS = ("attention", "attention_head", "multi_attention")
 
@@ -229,7 +229,7 @@ def test_explicit_manifest_option(pytester: pytest.Pytester) -> None:
 def test_verify_item_without_verify_module_fails_cleanly(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "shardcheck.verify", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "shardcheck.verification.verify", None)  # import now fails
     make_project(pytester.path, ("attention",), verify=("attention",))
 
     result = run(pytester, "--shardcheck", "-k", "verify")

@@ -15,12 +15,12 @@ from types import ModuleType
 import pytest
 
 from shardcheck import load_index
-from shardcheck.generate import generate
-from shardcheck.graph import Node
-from shardcheck.options import GenOptions
-from shardcheck.ranks import _Stage
-from shardcheck.shapes import ShapeInference
-from shardcheck.simulate import Simulation
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.index import Node
+from shardcheck.simulation.simulate import Simulation
+from shardcheck.simulation.simulator import _Stage
 
 BUILDER = Path(__file__).resolve().parent.parent / "benchmarks" / "build_models.py"
 

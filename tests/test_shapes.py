@@ -11,9 +11,7 @@ from conftest import FIXTURE_MODELS, FIXTURES, embedded_bert_layer
 from onnx import helper as oh
 from onnx import numpy_helper
 
-from shardcheck.graph import GraphIndex, Shape
-from shardcheck.loader import load_index
-from shardcheck.shapes import (
+from shardcheck.analysis.shapes import (
     ShapeInference,
     _broadcast,
     _divide,
@@ -22,6 +20,8 @@ from shardcheck.shapes import (
     reshape_dims,
     size_of,
 )
+from shardcheck.graph.index import GraphIndex, Shape
+from shardcheck.graph.loader import load_index
 
 
 @pytest.mark.parametrize(

@@ -16,16 +16,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError, OutputError
-from shardcheck.feeds import run_model
-from shardcheck.graph import external_locations
-from shardcheck.hints import (
+from shardcheck.graph.index import external_locations
+from shardcheck.hints.model import (
     AttentionLayerHint,
     DistCollective,
     FusedAttention,
     ShardHints,
     ShardTensor,
 )
-from shardcheck.shard import save_sharded_model, shard_model
+from shardcheck.runtime.feeds import run_model
+from shardcheck.sharding.rewrite import save_sharded_model, shard_model
 
 PARITY_FIXTURES = [
     "attention",
@@ -95,7 +95,7 @@ def ours(model: Path, hints: Path) -> onnx.ModelProto:
 
 
 def write_hints(path: Path, hints: Any) -> Path:
-    from shardcheck.hints import dumps
+    from shardcheck.hints.model import dumps
 
     path.write_text(dumps(hints))
     return path

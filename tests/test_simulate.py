@@ -21,15 +21,20 @@ from conftest import FIXTURES, GOLDEN, attention_model, run_cli
 from onnx import TensorProto, helper
 
 from shardcheck import load_index, read_hints, verify
-from shardcheck.background import HANDOFF_INTERVAL, InBackground
 from shardcheck.errors import InputError
-from shardcheck.feeds import make_feeds, resolve_dims, run_model
-from shardcheck.generate import generate
-from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor, dumps
-from shardcheck.options import GenOptions
-from shardcheck.ranks import REDUCERS, RankSimulator, _toposorted
-from shardcheck.shard import shard_model
-from shardcheck.simulate import (
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.hints.model import (
+    AttentionLayerHint,
+    DistCollective,
+    ShardHints,
+    ShardTensor,
+    dumps,
+)
+from shardcheck.runtime.background import HANDOFF_INTERVAL, InBackground
+from shardcheck.runtime.feeds import make_feeds, resolve_dims, run_model
+from shardcheck.sharding.rewrite import shard_model
+from shardcheck.simulation.simulate import (
     ReferenceRun,
     Simulation,
     SimulationResult,
@@ -37,6 +42,7 @@ from shardcheck.simulate import (
     compare_values,
     simulate,
 )
+from shardcheck.simulation.simulator import REDUCERS, RankSimulator, _toposorted
 
 REAL = FIXTURES / "real"
 
@@ -435,7 +441,7 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
     import sys
     import threading
 
-    module = sys.modules["shardcheck.simulate"]
+    module = sys.modules["shardcheck.simulation.simulate"]
     events: list[tuple[str, str]] = []
     real_session, real_shapes, real_background = (
         module.make_session,
@@ -540,7 +546,7 @@ def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
     import sys
     import threading
 
-    module = sys.modules["shardcheck.ranks"]
+    module = sys.modules["shardcheck.simulation.simulator"]
     make = module.make_session
     release = threading.Event()
     holding = threading.Semaphore(0)
@@ -580,7 +586,7 @@ def test_a_run_that_stops_early_leaves_no_stage_session_being_made(
     import threading
     import time
 
-    module = sys.modules["shardcheck.ranks"]
+    module = sys.modules["shardcheck.simulation.simulator"]
     make = module.make_session
 
     def slow_in_workers(*args: Any) -> Any:
@@ -605,7 +611,7 @@ def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
     other types than the values have is not used, and the runs make the stage's session."""
     import sys
 
-    module = sys.modules["shardcheck.ranks"]
+    module = sys.modules["shardcheck.simulation.simulator"]
     infer = module.infer_elem_types
 
     def wrong_for_ints(*args: Any, **kwargs: Any) -> dict[str, int]:
@@ -637,7 +643,7 @@ def test_a_stage_a_worker_cannot_make_is_made_by_the_runs(
     import sys
     import threading
 
-    module = sys.modules["shardcheck.ranks"]
+    module = sys.modules["shardcheck.simulation.simulator"]
     make = module.make_session
 
     def only_in_the_main_thread(*args: Any) -> Any:
@@ -831,7 +837,7 @@ def test_simulate_hands_its_sessions_to_the_console_commands_exit(
     """Destroying a simulation's sessions one at a time took 0.4 s of a 32k-node model's;
     the console command's exit frees them with the process instead (lifetime.py)."""
     from shardcheck import lifetime
-    from shardcheck.simulate import Simulation, simulate
+    from shardcheck.simulation.simulate import Simulation, simulate
 
     monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
     hints = GOLDEN / "attention_head.json"

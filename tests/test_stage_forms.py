@@ -13,12 +13,11 @@ from conftest import FIXTURES, GOLDEN, simulated_lengths
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints, verify
-from shardcheck.feeds import make_feeds, resolve_dims
-from shardcheck.generate import generate
-from shardcheck.hints import DistCollective
-from shardcheck.options import GenOptions
-from shardcheck.ranks import RankFailure, RankSimulator, _mapped
-from shardcheck.shard import (
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.hints.model import DistCollective
+from shardcheck.runtime.feeds import make_feeds, resolve_dims
+from shardcheck.sharding.rewrite import (
     ALL_GATHER,
     COLLECTIVE_OP,
     REDUCE_SCATTER,
@@ -26,8 +25,9 @@ from shardcheck.shard import (
     collective_attributes,
     shard_model,
 )
-from shardcheck.simulate import simulate
-from shardcheck.stage_forms import stage_form
+from shardcheck.simulation.simulate import simulate
+from shardcheck.simulation.simulator import RankFailure, RankSimulator, _mapped
+from shardcheck.simulation.stage_forms import stage_form
 
 REAL = FIXTURES / "real"
 
@@ -148,7 +148,7 @@ def test_a_stage_with_subgraphs_has_no_form() -> None:
 
 def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The sessions the simulator makes (real ones), as they are made."""
-    module = sys.modules["shardcheck.ranks"]
+    module = sys.modules["shardcheck.simulation.simulator"]
     make = module.make_session
     made: list[Any] = []
 
@@ -480,7 +480,7 @@ def test_the_runs_make_a_forms_session_no_worker_took_and_share_it(
 ) -> None:
     """Without workers (or when the runs outpace them) the first stage of a form to run makes
     the form's session, and the others run on it, instead of each making its own."""
-    monkeypatch.setattr(sys.modules["shardcheck.ranks"], "AHEAD_WORKERS", 0)
+    monkeypatch.setattr(sys.modules["shardcheck.simulation.simulator"], "AHEAD_WORKERS", 0)
     name = "dynamo_einsum_causal"
     index = load_index(REAL / f"{name}.onnx")
     hints = read_hints(GOLDEN / "real" / f"{name}.json")

@@ -23,13 +23,13 @@ from conftest import (
 from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import GraphIndex, verify
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import HintsFormatError, InputError, ModelError
-from shardcheck.hints import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
-from shardcheck.hints_file import read_hints
-from shardcheck.loader import load_index
-from shardcheck.report import ERROR, INFO, WARNING
-from shardcheck.shapes import ShapeInference
-from shardcheck.simulate import first_unsplittable
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
+from shardcheck.simulation.simulate import first_unsplittable
+from shardcheck.verification.findings import ERROR, INFO, WARNING
 
 REAL = FIXTURES / "real"
 BAKED_MHA = read_json(REAL / "TRUTH.json")["ts_mha_seq_first"]["baked_length_nodes"][0]["node"]
@@ -578,8 +578,8 @@ def test_the_watched_outputs_appended_to_the_files_bytes_make_the_same_model() -
     merges them) instead of serializing the model again: the same model must come out."""
     import onnx
 
-    from shardcheck.loader import parse_model
-    from shardcheck.verify_runtime import _with_outputs
+    from shardcheck.graph.loader import parse_model
+    from shardcheck.verification.run_checks import _with_outputs
 
     parsed = parse_model(BERT)
     assert parsed.serialized is not None
@@ -602,7 +602,7 @@ def test_a_slow_model_load_is_announced_on_the_progress_line(
     import sys
     import time
 
-    runtime = sys.modules["shardcheck.verify_runtime"]
+    runtime = sys.modules["shardcheck.verification.run_checks"]
     make = runtime._session
 
     def slow_session(*args: Any) -> Any:
@@ -665,9 +665,9 @@ LEFT_RUNNING = """
 import sys
 import time
 from onnx import TensorProto, helper
-from shardcheck.background import InBackground
+from shardcheck.runtime.background import InBackground
 from shardcheck.cli import main
-from shardcheck.feeds import make_session
+from shardcheck.runtime.feeds import make_session
 
 def chain(length):
     nodes = [
@@ -747,14 +747,14 @@ def test_an_error_leaves_no_session_being_made_behind_it(
     model.graph.node[1].name = model.graph.node[0].name = "twice"  # refused by the checks
     path = tmp_path / "duplicate_names.onnx"
     onnx.save(model, path)
-    _slowed(monkeypatch, "shardcheck.verify_runtime", "_session")
+    _slowed(monkeypatch, "shardcheck.verification.run_checks", "_session")
     with pytest.raises(InputError, match="twice"):
         verify(path, GOLDEN / "attention.json")
     assert not _alive("shardcheck-session")
 
-    from shardcheck.simulate import simulate
+    from shardcheck.simulation.simulate import simulate
 
-    _slowed(monkeypatch, "shardcheck.simulate", "make_session")
+    _slowed(monkeypatch, "shardcheck.simulation.simulate", "make_session")
     wrong = ShardHints(inputs=(ShardTensor("no_such_tensor", 0),))
     with pytest.raises(InputError, match="no_such_tensor"):
         simulate(FIXTURES / "attention.onnx", wrong, ranks=2, seq_len=8)
@@ -762,7 +762,7 @@ def test_an_error_leaves_no_session_being_made_behind_it(
 
 
 def test_the_readme_lists_every_finding_code_once() -> None:
-    from shardcheck.report import CODES
+    from shardcheck.verification.findings import CODES
 
     readme = (REAL.parents[1] / "README.md").read_text()
     listed = re.findall(r"\| (SC\d{3}) \|", readme)
@@ -969,7 +969,7 @@ def test_verify_hands_its_session_to_the_console_commands_exit(
     """Destroying the onnxruntime sessions of a verify of a 32k-node model takes 0.15-0.45 s;
     the console command's exit frees them with the process instead (lifetime.py)."""
     from shardcheck import lifetime
-    from shardcheck.verify_runtime import PendingSession
+    from shardcheck.verification.run_checks import PendingSession
 
     monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
     report = verify(FIXTURES / "attention_head.onnx", GOLDEN / "attention_head.json", ranks=2)

@@ -9,9 +9,9 @@ import click
 from shardcheck.cli.arguments import FORMAT_OPTION
 from shardcheck.errors import InputError
 from shardcheck.fsio import atomic_write_text, output_target, same_file
-from shardcheck.gate import looks_like_a_golden, run_check
+from shardcheck.gating.gate import looks_like_a_golden, run_check
+from shardcheck.gating.manifest import Manifest, find_manifest, load_manifest
 from shardcheck.lifetime import free_when_done
-from shardcheck.manifest import Manifest, find_manifest, load_manifest
 
 
 @click.command()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from shardcheck.cli.arguments import FORMAT_OPTION
-from shardcheck.diff import diff_hints, render_json, render_text
-from shardcheck.hints_file import read_hints
+from shardcheck.hints.diff import diff_hints, render_json, render_text
+from shardcheck.hints.files import read_hints
 
 
 @click.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from shardcheck.hints_file import read_hints, write_hints
+from shardcheck.hints.files import read_hints, write_hints
 
 
 @click.command()

@@ -8,16 +8,16 @@ import click
 
 from shardcheck.cli import warning_line
 from shardcheck.cli.arguments import INT_LIST
-from shardcheck.concurrent_check import checked_concurrently
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
-from shardcheck.generate import generate
-from shardcheck.graph import gc_paused
-from shardcheck.hints import REDUCE_OPS
-from shardcheck.hints_file import write_hints
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
+from shardcheck.graph.concurrent_check import checked_concurrently
+from shardcheck.graph.index import gc_paused
+from shardcheck.graph.loader import index_parsed, parse_model
+from shardcheck.hints.files import write_hints
+from shardcheck.hints.model import REDUCE_OPS
 from shardcheck.lifetime import keep_until_exit
-from shardcheck.loader import index_parsed, parse_model
-from shardcheck.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 
 
 @click.command()

@@ -8,9 +8,9 @@ import click
 
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
-from shardcheck.hints_file import read_hints
-from shardcheck.loader import check_weight_files, load_index
-from shardcheck.shard import save_sharded_model, shard_model
+from shardcheck.graph.loader import check_weight_files, load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.sharding.rewrite import save_sharded_model, shard_model
 
 
 @click.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from shardcheck.cli.arguments import DIM_SETTING, dims_mapping, tolerance_options
-from shardcheck.simulate import simulate
+from shardcheck.simulation.simulate import simulate
 
 
 @click.command(name="simulate")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from shardcheck.cli.arguments import DIM_SETTING, FORMAT_OPTION, dims_mapping, tolerance_options
-from shardcheck.verify import DEFAULT_SEQ_LENS, verify
+from shardcheck.verification.verify import DEFAULT_SEQ_LENS, verify
 
 
 def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:

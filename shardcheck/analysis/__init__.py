@@ -1,0 +1,1 @@
+"""What the graph computes: shapes, element types, attention layers, sequence axes."""

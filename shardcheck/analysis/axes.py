@@ -1,0 +1,315 @@
+"""Where the sequence axis goes through one node: the position-wise ops and their axis maps.
+
+An op is position-wise along an axis when each position of its output depends only on the same
+position of its inputs along that axis (elementwise ops, projections, layout changes that keep
+the axis whole, embedding lookups, normalisations over other axes). CP can run such an op on a
+slice of the sequence. ``input_axes`` answers, for an output axis, which input axes carry it;
+None means the op mixes or creates positions along that axis (a reduction over it, a Concat or
+Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shardcheck.analysis.einsum import node_equation
+from shardcheck.analysis.shapes import ELEMENTWISE, ShapeInference, Size, size_of
+from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
+
+AxisList = list[tuple[str, int]]
+_UNKNOWN = object()  # not in a memo yet
+
+NORMALISATIONS = frozenset(
+    [
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+        "RMSNormalization",
+    ]
+)
+# Normalisations of the sum of their first two inputs (com.microsoft's, fused by onnxruntime's
+# transformer optimizer: the residual and the block's output, whose sum is also an output).
+SKIP_NORMALISATIONS = frozenset(["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+REDUCTIONS = frozenset(
+    "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare".split()
+)
+FUSED_ATTENTION = frozenset(["Attention", "MultiHeadAttention", "GroupQueryAttention"])
+# The ops whose input axes ``_aligned`` gives (or none at all, as Trilu).
+ALIGNED_OPS = (
+    ELEMENTWISE
+    | NORMALISATIONS
+    | frozenset(["Softmax", "LogSoftmax", "Dropout", "Identity", "Cast", "CastLike"])
+    | frozenset(["Concat", "Expand"])
+)
+
+
+def carries(dim: Dim, seq: Dim) -> bool:
+    """Whether a dim is the sequence length, or a merged dim with it as a factor."""
+    if seq is None or dim is None:
+        return False
+    if isinstance(seq, int):
+        return dim == seq
+    return isinstance(dim, str) and seq in dim.split("*")
+
+
+class AxisMapper:
+    def __init__(self, index: GraphIndex, shapes: ShapeInference, seq: Dim) -> None:
+        self.index = index
+        self.shapes = shapes
+        self.seq = seq
+        # The frontier search asks the same questions in every round: answer each once.
+        self._memo: dict[tuple[int, int], AxisList | None] = {}
+        self._forward_memo: dict[tuple[int, str, int], int | None] = {}
+        # A reshape's blocks depend on its two shapes only: a model's layers share them.
+        self._reshape_blocks: dict[tuple[Shape, Shape], list[tuple[list[int], list[int]]]] = {}
+
+    def input_axes(self, node: Node, out_axis: int) -> AxisList | None:
+        key = (node.index, out_axis)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._memo[key] = self._input_axes(node, out_axis)
+        return found  # type: ignore[return-value]
+
+    def _input_axes(self, node: Node, out_axis: int) -> AxisList | None:
+        op = node.op_type
+        out_rank = self.shapes.rank(node.outputs[0])
+        if out_rank is None or not 0 <= out_axis < out_rank:
+            return None
+        if op in ("Softmax", "LogSoftmax"):
+            if node.attr("axis", -1) % out_rank == out_axis:
+                return None
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op in ("Dropout", "Identity", "Cast", "CastLike"):
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op in ELEMENTWISE:
+            if op == "Trilu":
+                return None
+            return self._aligned(node.inputs, out_axis, out_rank)
+        if op in NORMALISATIONS:
+            first = node.attr("axis", -1) % out_rank
+            normalised = node.inputs[: 2 if op in SKIP_NORMALISATIONS else 1]
+            return None if out_axis >= first else self._aligned(normalised, out_axis, out_rank)
+        if op == "Transpose":
+            perm = node.attr("perm") or list(reversed(range(out_rank)))
+            return [(node.inputs[0], perm[out_axis])]
+        if op in ("MatMul", "FusedMatMul"):
+            return self._matmul(node, out_axis, out_rank)
+        if op == "Einsum":
+            return self._einsum(node, out_axis)
+        if op == "Gemm":
+            if out_axis != 0 or node.attr("transA", 0):
+                return None
+            return [(node.inputs[0], 0)]
+        if op == "Gather":
+            return self._gather(node, out_axis)
+        if op == "Reshape":
+            return self._reshape(node, out_axis)
+        if op in ("Unsqueeze", "Squeeze"):
+            return self._unsqueeze(node, out_axis, out_rank)
+        if op in ("Split", "Slice"):
+            if out_axis in self._cut_axes(node, out_rank):
+                return None
+            return [(node.inputs[0], out_axis)]
+        if op == "Concat":
+            if node.attr("axis", 0) % out_rank == out_axis:
+                return None
+            return self._aligned(node.inputs, out_axis, out_rank)
+        if op == "Expand":
+            return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op == "Tile":
+            repeats = self.index.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+            if repeats is None or repeats[out_axis] != 1:
+                return None
+            return [(node.inputs[0], out_axis)]
+        if op in REDUCTIONS:
+            return self._reduction(node, out_axis, out_rank)
+        if op in FUSED_ATTENTION and node.domain in ("", "ai.onnx", "com.microsoft"):
+            q_rank = self.shapes.rank(node.inputs[0])
+            if q_rank is None or out_axis != out_rank - 2:
+                return None
+            return [(node.inputs[0], q_rank - 2)]
+        return None
+
+    def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:
+        """The output axis that input ``tensor`` at ``axis`` maps to (first output), if any."""
+        key = (node.index, tensor, axis)
+        found = self._forward_memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
+        found = None
+        out_rank = self.shapes.rank(node.outputs[0]) if node.outputs else None
+        for out_axis in self._output_candidates(node, tensor, axis, out_rank):
+            mapped = self.input_axes(node, out_axis)
+            if mapped and (tensor, axis) in mapped:
+                found = out_axis
+                break
+        self._forward_memo[key] = found
+        return found
+
+    def _output_candidates(
+        self, node: Node, tensor: str, axis: int, out_rank: int | None
+    ) -> Iterable[int]:
+        """The output axes, in order, whose input axes may hold ``tensor`` at ``axis``: every
+        one, but where the op tells which one it can only be."""
+        if node.op_type in ALIGNED_OPS:
+            # Their inputs' axes are the output's, aligned from the right.
+            shape = self.shapes.shape(tensor)
+            if shape is None or out_rank is None:
+                return ()
+            guess = axis + out_rank - len(shape)
+            return (guess,) if 0 <= guess < out_rank else ()
+        if node.op_type == "Transpose":
+            # The first output axis whose permutation entry it is.
+            perm = node.attr("perm") or list(reversed(range(out_rank or 0)))
+            return (perm.index(axis),) if axis in perm else ()
+        return range(out_rank or 0)
+
+    # ------------------------------------------------------------------ per op
+
+    def _aligned(self, inputs: tuple[str, ...], out_axis: int, out_rank: int) -> AxisList:
+        result: AxisList = []
+        for name in inputs:
+            shape = self.shapes.shape(name) if name else None
+            if shape is None:
+                continue
+            axis = out_axis - (out_rank - len(shape))
+            if axis >= 0 and shape[axis] != 1:
+                result.append((name, axis))
+        return result
+
+    def _matmul(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        a_rank = self.shapes.rank(node.inputs[0])
+        b_rank = self.shapes.rank(node.inputs[1])
+        if a_rank is None or b_rank is None or a_rank < 2 or b_rank < 2:
+            return None
+        if out_axis == out_rank - 2:
+            return [(node.inputs[0], a_rank - 2)]
+        if out_axis == out_rank - 1:
+            return [(node.inputs[1], b_rank - 1)]
+        # A batch axis: both operands broadcast into it.
+        return self._aligned(node.inputs[:2], out_axis, out_rank)
+
+    def _einsum(self, node: Node, out_axis: int) -> AxisList | None:
+        equation = node_equation(node, [self.shapes.rank(name) for name in node.inputs])
+        sources = None if equation is None else equation.sources(out_axis)
+        if not sources:
+            return None
+        # Like broadcasting, an operand's axis of 1 is not where the output's axis comes from.
+        held = [(node.inputs[position], axis) for position, axis in sources]
+        return [(name, axis) for name, axis in held if _dim(self.shapes, name, axis) != 1]
+
+    def _gather(self, node: Node, out_axis: int) -> AxisList | None:
+        data_rank = self.shapes.rank(node.inputs[0])
+        index_rank = self.shapes.rank(node.inputs[1])
+        if data_rank is None or index_rank is None:
+            return None
+        axis = node.attr("axis", 0) % data_rank
+        if out_axis < axis:
+            return [(node.inputs[0], out_axis)]
+        if out_axis < axis + index_rank:
+            return [(node.inputs[1], out_axis - axis)]
+        return [(node.inputs[0], out_axis - index_rank + 1)]
+
+    def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
+        source = self.shapes.shape(node.inputs[0])
+        target = self.shapes.shape(node.outputs[0])
+        if source is None or target is None or not carries(target[out_axis], self.seq):
+            return None
+        if isinstance(self.seq, int) and len(node.inputs) > 1:
+            # The length is fixed (a static export): a target that spells it out, as the
+            # dynamo exporter writes ViT's and CLIP's head splits, takes no rank's slice.
+            spelled = self.index.constant_ints(node.inputs[1])
+            if spelled is not None and out_axis < len(spelled) and spelled[out_axis] == self.seq:
+                return None
+        blocks = self._reshape_blocks.get((source, target))
+        if blocks is None:
+            blocks = self._reshape_blocks[source, target] = _blocks(source, target)
+        for in_axes, out_axes in blocks:
+            if out_axis in out_axes:
+                carrying = [a for a in in_axes if carries(source[a], self.seq)]
+                return [(node.inputs[0], carrying[0])] if len(carrying) == 1 else None
+        return None
+
+    def _unsqueeze(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1:
+            value = self.index.constant_ints(node.inputs[1])
+            axes = None if value is None else list(value)
+        in_rank = self.shapes.rank(node.inputs[0])
+        if axes is None or in_rank is None:
+            return None
+        if node.op_type == "Unsqueeze":
+            inserted = {a % out_rank for a in axes}
+            if out_axis in inserted:
+                return None
+            return [(node.inputs[0], out_axis - sum(1 for a in inserted if a < out_axis))]
+        removed = sorted(a % in_rank for a in axes)
+        axis = out_axis
+        for a in removed:
+            if a <= axis:
+                axis += 1
+        return [(node.inputs[0], axis)]
+
+    def _cut_axes(self, node: Node, rank: int) -> set[int]:
+        if node.op_type == "Split":
+            return {node.attr("axis", 0) % rank}
+        if len(node.inputs) > 3 and node.inputs[3]:
+            value = self.index.constant_ints(node.inputs[3])
+            if value is None:
+                return set(range(rank))
+            return {a % rank for a in value}
+        starts = self.shapes.shape(node.inputs[1])
+        count = starts[0] if starts and isinstance(starts[0], int) else rank
+        return set(range(count))
+
+    def _reduction(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
+        in_rank = self.shapes.rank(node.inputs[0])
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+            value = self.index.constant_ints(node.inputs[1])
+            axes = None if value is None else list(value)
+        if in_rank is None or axes is None:
+            return None
+        reduced = {a % in_rank for a in axes}
+        if node.attr("keepdims", 1):
+            return None if out_axis in reduced else [(node.inputs[0], out_axis)]
+        kept = [a for a in range(in_rank) if a not in reduced]
+        return [(node.inputs[0], kept[out_axis])] if out_axis < len(kept) else None
+
+
+def _blocks(source: tuple[Dim, ...], target: tuple[Dim, ...]) -> list[tuple[list[int], list[int]]]:
+    """Group the axes of a reshape into blocks of equal size (by symbols and integers)."""
+    blocks: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(source) and j < len(target):
+        in_axes, out_axes = [i], [j]
+        left, right = size_of([source[i]]), size_of([target[j]])
+        i += 1
+        j += 1
+        while left != right:
+            if left is None or right is None:
+                return blocks
+            if _smaller(left, right) and i < len(source):
+                in_axes.append(i)
+                left = size_of([source[a] for a in in_axes])
+                i += 1
+            elif j < len(target):
+                out_axes.append(j)
+                right = size_of([target[a] for a in out_axes])
+                j += 1
+            else:
+                return blocks
+        blocks.append((in_axes, out_axes))
+    return blocks
+
+
+def _smaller(left: Size, right: Size) -> bool:
+    if len(left[1]) != len(right[1]):
+        return len(left[1]) < len(right[1])
+    return left[0] < right[0]
+
+
+def _dim(shapes: ShapeInference, tensor: str, axis: int) -> Dim:
+    shape = shapes.shape(tensor)
+    return None if shape is None else shape[axis]

@@ -1,0 +1,419 @@
+"""Attention layers as real exporters write them.
+
+A decomposed layer is found from its Softmax: back through what exporters put between the score
+MatMul and the Softmax (a scale by Div or Mul, an additive mask, a Where mask, Casts, Reshapes),
+and forward through what they put between the Softmax and the context MatMul (Cast, Dropout,
+Identity, the IsNaN/Where guard of HF's SDPA path). The score MatMul's second input is what CP
+gathers for K, the context MatMul's second input what it gathers for V. Fused nodes (ONNX
+``Attention``, com.microsoft ``Attention``, ``MultiHeadAttention``, ``GroupQueryAttention``) are
+layers too. Each Softmax is looked at within a bounded neighbourhood: linear in the graph.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardcheck.analysis.einsum import context_roles, node_equation, score_roles
+from shardcheck.analysis.polygraphy import match_all
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.graph.index import SHAPE_OPS, Dim, GraphIndex, Node, raw_values
+
+if TYPE_CHECKING:
+    import numpy as np
+
+SCORE_SIDE_OPS = frozenset(
+    "Div Mul Add Sub Where Cast Reshape Identity Clip Tanh Max Min Squeeze Unsqueeze".split()
+)
+PROBS_SIDE_OPS = frozenset("Cast Dropout Identity Where Reshape Mul Squeeze Unsqueeze".split())
+# Between an Einsum's scores and the Softmax, these would move the axis the Softmax reads.
+RESHAPING_OPS = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten"))
+# K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
+KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsqueeze Tile".split())
+MAX_SIDE_DEPTH = 8
+MAX_MASK_NODES = 80
+
+# Each fused op's Q, K and V inputs, and the input that masks its scores over queries and
+# keys, [..., query, key] (ONNX Attention's attn_mask; com.microsoft's attention_bias), if it
+# has one. Their masks over the keys only (key_padding_mask, mask_index) are no such input:
+# each rank reads them whole.
+FUSED_OPS: dict[tuple[str, str], tuple[int, int, int, int | None]] = {
+    ("", "Attention"): (0, 1, 2, 3),
+    ("ai.onnx", "Attention"): (0, 1, 2, 3),
+    ("com.microsoft", "MultiHeadAttention"): (0, 1, 2, 5),
+    ("com.microsoft", "GroupQueryAttention"): (0, 1, 2, None),
+    ("com.microsoft", "Attention"): (0, 0, 0, 5),
+}
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One attention layer: what a hint names, what CP gathers, where the sequence is."""
+
+    name: str
+    kind: str  # "decomposed" or "fused"
+    q: str  # the tensor a hint's ``q`` names: the score MatMul's first input (fused: input 0)
+    gathered_k: str  # what CP all-gathers for K
+    gathered_v: str  # what CP all-gathers for V
+    k: str  # K before its layout changes (Transpose, Reshape, GQA expansion, scale)
+    v: str
+    output: str
+    nodes: tuple[str, ...]  # score MatMul, Softmax, context MatMul (or the fused node)
+    q_axis: int | None  # query axis of ``q``
+    k_axis: int | None  # key axis of ``gathered_k``
+    v_axis: int | None  # key axis of ``gathered_v``
+    k_rank: int | None
+    v_rank: int | None
+    causal: str | None  # how a causal mask is built, or None
+    masks: tuple[str, ...] = ()  # tensors combined with the scores (additive or Where masks)
+    polygraphy_patterns: tuple[int, ...] = field(default=())
+    op_type: str = ""
+    # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
+    internal: tuple[int, ...] = field(default=(), repr=False)
+    # The query axis of ``output``; None: its rank less 2 (MatMul's, and the fused nodes').
+    output_axis: int | None = None
+
+    @property
+    def polygraphy_recognises(self) -> bool:
+        return bool(self.polygraphy_patterns)
+
+
+class _Unranked:
+    """Shapes that know no rank: what ``layer_tensors`` detects with."""
+
+    def rank(self, tensor: str) -> int | None:
+        return None
+
+
+def detect_attention(
+    index: GraphIndex, shapes: ShapeInference | None = None
+) -> list[AttentionLayer]:
+    """Every attention layer of the main graph, in graph order."""
+    recognised: dict[int, list[int]] = {}
+    for pattern in (0, 1):
+        for match in match_all(index, pattern):
+            recognised.setdefault(match.matmul1.index, []).append(pattern)
+    return _detect(index, shapes or ShapeInference(index), recognised, look_for_causal=True)
+
+
+def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
+    """The dim on the first layer's query axis (None when unknown)."""
+    first = layers[0]
+    q_shape = shapes.shape(first.q)
+    return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+
+
+def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:
+    """The layers ``detect_attention`` finds, with the same tensors (Q, gathered K and V, masks,
+    output), found without shape inference: their ranks are unknown here, their axes too
+    (but an Einsum's, which its equation gives), and
+    Polygraphy's patterns are not matched, and ``causal`` is not looked for. Which tensors a
+    layer has never depends on shapes; verify needs them before onnxruntime loads the model,
+    the rest later."""
+    return _detect(index, _Unranked(), {}, look_for_causal=False)
+
+
+def _detect(
+    index: GraphIndex,
+    shapes: ShapeInference | _Unranked,
+    recognised: dict[int, list[int]],
+    *,
+    look_for_causal: bool,
+) -> list[AttentionLayer]:
+    layers: list[tuple[int, AttentionLayer]] = []
+    for node in index.nodes:
+        if node.op_type == "Softmax":
+            layer = _decomposed(index, shapes, node, recognised, look_for_causal)
+        elif (node.domain, node.op_type) in FUSED_OPS:
+            layer = _fused(index, shapes, node, look_for_causal)
+        else:
+            continue
+        if layer is not None:
+            layers.append(layer)
+    return [layer for _, layer in sorted(layers, key=lambda item: item[0])]
+
+
+def _decomposed(
+    index: GraphIndex,
+    shapes: ShapeInference | _Unranked,
+    softmax: Node,
+    recognised: dict[int, list[int]],
+    look_for_causal: bool,
+) -> tuple[int, AttentionLayer] | None:
+    found = _score_matmul(index, softmax)
+    if found is None:
+        return None
+    score, score_path = found
+    found_context = _context_matmul(index, softmax)
+    if found_context is None:
+        return None
+    context, probs_path, probs = found_context
+    sides = _score_side(score, softmax, score_path), _context_side(context, probs)
+    if sides[0] is None or sides[1] is None:
+        return None
+    (q, gathered_k, q_axis, k_axis), (gathered_v, v_axis, output_axis) = sides
+    if gathered_k in index.initializers or gathered_v in index.initializers:
+        return None  # a projection by weights (a classifier head, a router), not attention
+    q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, gathered_k, gathered_v))
+    masks = _mask_operands(index, score, score_path)
+    layer = AttentionLayer(
+        name=score.label,
+        kind="decomposed",
+        q=q,
+        gathered_k=gathered_k,
+        gathered_v=gathered_v,
+        k=_kv_source(index, gathered_k),
+        v=_kv_source(index, gathered_v),
+        output=context.outputs[0],
+        nodes=(score.label, softmax.label, context.label),
+        q_axis=_axis(q_axis, q_rank, -2),
+        k_axis=_axis(k_axis, k_rank, -1),
+        v_axis=_axis(v_axis, v_rank, -2),
+        k_rank=k_rank,
+        v_rank=v_rank,
+        causal=_causal_mask(index, masks) if look_for_causal else None,
+        masks=masks,
+        polygraphy_patterns=tuple(recognised.get(score.index, ())),
+        op_type=f"{score.op_type}/Softmax/{context.op_type}",
+        output_axis=output_axis,
+        internal=tuple(
+            sorted(
+                {score.index, softmax.index, context.index}
+                | {n.index for n in (*score_path, *probs_path)}
+            )
+        ),
+    )
+    return score.index, layer
+
+
+def _axis(known: int | None, rank: int | None, from_end: int) -> int | None:
+    """An Einsum's axis (``known``, from its equation), or a MatMul's: ``from_end`` of the
+    operand's rank, when known."""
+    if known is not None:
+        return known
+    return None if rank is None or rank < 2 else rank + from_end
+
+
+def _score_side(
+    score: Node, softmax: Node, score_path: list[Node]
+) -> tuple[str, str, int | None, int | None] | None:
+    """Q, K and (for an Einsum) their query and key axes; a MatMul's follow from its rank."""
+    if score.op_type != "Einsum":
+        return score.inputs[0], score.inputs[1], None, None
+    if any(node.op_type in RESHAPING_OPS for node in score_path):
+        return None  # the Softmax's axis would not be the equation's
+    equation = node_equation(score, [None, None])
+    roles = None if equation is None else score_roles(equation, softmax.attr("axis", -1))
+    if roles is None:
+        return None
+    return score.inputs[roles.q], score.inputs[roles.k], roles.q_axis, roles.k_axis
+
+
+def _context_side(context: Node, probs: str) -> tuple[str, int | None, int | None] | None:
+    """V and (for an Einsum) its key axis and the output's query axis."""
+    if context.op_type != "Einsum":
+        return context.inputs[1], None, None
+    equation = node_equation(context, [None, None])
+    roles = None if equation is None else context_roles(equation, context.inputs.index(probs))
+    if roles is None:
+        return None
+    return context.inputs[roles.v], roles.v_axis, roles.output_axis
+
+
+def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] | None:
+    """The MatMul that computes the scores, and the nodes from it to the Softmax."""
+    queue: deque[tuple[str, int, list[Node]]] = deque([(softmax.inputs[0], 0, [])])
+    seen: set[str] = set()
+    while queue:
+        tensor, depth, path = queue.popleft()
+        if tensor in seen or depth > MAX_SIDE_DEPTH:
+            continue
+        seen.add(tensor)
+        producer = index.producer_of(tensor)
+        if producer is None:
+            continue
+        if producer.op_type in ("MatMul", "FusedMatMul") and len(producer.inputs) >= 2:
+            return producer, path
+        if producer.op_type == "Einsum" and len(producer.inputs) == 2:
+            return producer, path
+        if producer.op_type not in SCORE_SIDE_OPS:
+            continue
+        data_inputs = producer.inputs[1:3] if producer.op_type == "Where" else producer.inputs[:2]
+        if producer.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Cast", "Identity", "Tanh"):
+            data_inputs = producer.inputs[:1]
+        for name in data_inputs:
+            if name:
+                queue.append((name, depth + 1, [*path, producer]))
+    return None
+
+
+def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node], str] | None:
+    """The MatMul (or Einsum) that applies the probabilities to V, the nodes passed on the
+    way, and the probabilities it reads."""
+    queue: deque[tuple[str, int]] = deque([(softmax.outputs[0], 0)])
+    seen: set[str] = set()
+    passed: list[Node] = []
+    while queue:
+        tensor, depth = queue.popleft()
+        if tensor in seen or depth > MAX_SIDE_DEPTH:
+            continue
+        seen.add(tensor)
+        for consumer in index.consumers_of(tensor):
+            if consumer.op_type in ("MatMul", "FusedMatMul") and consumer.inputs[0] == tensor:
+                return consumer, passed, tensor
+            if consumer.op_type == "Einsum" and len(consumer.inputs) == 2:
+                return consumer, passed, tensor
+            if consumer.op_type in PROBS_SIDE_OPS and consumer.outputs:
+                passed.append(consumer)
+                queue.append((consumer.outputs[0], depth + 1))
+    return None
+
+
+def _mask_operands(index: GraphIndex, score: Node, score_path: list[Node]) -> tuple[str, ...]:
+    """Tensors combined with the scores on their way to the Softmax (masks and biases)."""
+    on_path = {o for node in (score, *score_path) for o in node.outputs}
+    masks: list[str] = []
+    for node in score_path:
+        if node.op_type in ("Add", "Sub"):
+            masks.extend(name for name in node.inputs[:2] if name and name not in on_path)
+        elif node.op_type == "Where":
+            masks.append(node.inputs[0])
+    # Scalars on the path are scales and fill values, not masks.
+    kept = (m for m in masks if not _is_scalar_or_vector_constant(index, m))
+    return tuple(dict.fromkeys(kept))
+
+
+def _is_scalar_or_vector_constant(index: GraphIndex, tensor: str) -> bool:
+    ndim = index.constant_ndim(tensor)
+    return ndim is not None and ndim < 2
+
+
+def _kv_source(index: GraphIndex, tensor: str) -> str:
+    current = tensor
+    for _ in range(MAX_SIDE_DEPTH):
+        producer = index.producer_of(current)
+        if producer is None or producer.op_type not in KV_LAYOUT_OPS:
+            return current
+        current = producer.inputs[0]
+    return current
+
+
+def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
+    """How a causal mask among ``masks`` is built, if there is one."""
+    for mask in masks:
+        queue = deque([mask])
+        seen: set[str] = set()
+        while queue and len(seen) < MAX_MASK_NODES:
+            tensor = queue.popleft()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            producer = index.producer_of(tensor)
+            # Only a constant (an initializer or a Constant's output) may be a triangular mask.
+            if (
+                producer is None or producer.op_type == "Constant" or tensor in index.initializers
+            ) and _may_be_triangular_constant(index, tensor):
+                value = index.constant_value(tensor)
+                if value is not None and _is_triangular(value):
+                    return f"constant triangular mask {tensor}"
+            if producer is None:
+                continue
+            if producer.op_type == "Trilu":
+                return f"Trilu node {producer.label}"
+            if producer.op_type in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual") and all(
+                reaches_range(index, name) for name in producer.inputs[:2]
+            ):
+                return f"Range comparison node {producer.label}"
+            if producer.op_type in SHAPE_OPS:
+                # Only its input's shape reaches the mask: how that input was computed (the
+                # layers before, for a mask expanded to the hidden states' shape) does not.
+                continue
+            queue.extend(name for name in producer.inputs if name)
+    return None
+
+
+def reaches_range(
+    index: GraphIndex, tensor: str, *, depth: int = 8, excluding: Node | None = None
+) -> bool:
+    """Whether ``tensor`` is computed from a Range (other than ``excluding``) within ``depth``
+    producers (a bounded look: the number of tensors per level is capped)."""
+    current = [tensor]
+    for _ in range(depth):
+        previous: list[str] = []
+        for name in current:
+            producer = index.producer_of(name)
+            if producer is None or (excluding is not None and producer.index == excluding.index):
+                continue
+            if producer.op_type == "Range":
+                return True
+            previous.extend(i for i in producer.inputs if i)
+        current = previous[:32]
+    return False
+
+
+def _could_be_triangular(dims: tuple[int, ...]) -> bool:
+    return len(dims) >= 2 and dims[-1] == dims[-2] and dims[-1] >= 2
+
+
+def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
+    """Whether ``tensor`` is a constant that ``_is_triangular`` could accept, told from its
+    dims and first row alone (that row is zero after its first value), so that the data of
+    the other constants met on the way (weights) is never read."""
+    proto = index.constant_tensor(tensor)
+    if proto is None:
+        return False
+    dims = tuple(proto.dims)
+    if not _could_be_triangular(dims):
+        return False
+    head = raw_values(proto, dims[-1])
+    return head is None or all(v == 0 for v in head[1:])
+
+
+def _is_triangular(value: np.ndarray) -> bool:
+    if not _could_be_triangular(value.shape):
+        return False
+    import numpy as np
+
+    square = value.reshape(-1, value.shape[-2], value.shape[-1])[0]
+    upper = np.triu(square, 1)
+    lower = np.tril(square)
+    return bool(np.all(upper == upper.flat[1]) and not np.all(lower == upper.flat[1]))
+
+
+def _fused(
+    index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node, look_for_causal: bool
+) -> tuple[int, AttentionLayer]:
+    q_pos, k_pos, v_pos, at = FUSED_OPS[(node.domain, node.op_type)]
+    q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
+    q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))
+    mask = node.inputs[at] if at is not None and at < len(node.inputs) else ""
+    masks = (mask,) if mask and shapes.rank(mask) not in (0, 1) else ()
+    causal = None
+    if node.attr("is_causal", 0) or node.attr("unidirectional", 0):
+        causal = f"is_causal attribute of {node.label}"
+    elif node.op_type == "GroupQueryAttention":
+        causal = f"{node.label} (GroupQueryAttention is always causal)"
+    elif masks and look_for_causal:
+        causal = _causal_mask(index, masks)
+    layer = AttentionLayer(
+        name=node.label,
+        kind="fused",
+        q=q,
+        gathered_k=k,
+        gathered_v=v,
+        k=k,
+        v=v,
+        output=node.outputs[0],
+        nodes=(node.label,),
+        q_axis=None if q_rank is None or q_rank < 2 else q_rank - 2,
+        k_axis=None if k_rank is None or k_rank < 2 else k_rank - 2,
+        v_axis=None if v_rank is None or v_rank < 2 else v_rank - 2,
+        k_rank=k_rank,
+        v_rank=v_rank,
+        causal=causal,
+        op_type=f"{node.domain + '.' if node.domain else ''}{node.op_type}",
+        internal=(node.index,),
+        masks=masks,
+    )
+    return node.index, layer

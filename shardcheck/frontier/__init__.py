@@ -1,0 +1,1 @@
+"""Where to cut: the tensors CP scatters and gathers."""

@@ -1,0 +1,1 @@
+"""Goldens in CI: the manifest and the gate."""

@@ -1,0 +1,348 @@
+"""Golden gating: regenerate each model's hints, compare them with its golden, optionally verify.
+
+Results are objects (and lines of text, for the front ends); nothing here prints. A golden is
+only ever written by ``compare_with_golden(..., update=True)``, atomically, and only after its
+model was loaded and its hints generated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardcheck.errors import InputError, OutputError, ShardcheckError
+from shardcheck.fsio import atomic_write_text
+from shardcheck.gating.manifest import Manifest, ModelEntry
+from shardcheck.generation.generate import generate
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.diff import Difference, diff_hints
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import ShardHints, dumps
+
+OK = "ok"
+DIFFERS = "differs"
+MISSING = "missing"
+INVALID = "invalid"  # the golden exists but is not a readable hints file
+UPDATED = "updated"
+CREATED = "created"
+ERROR = "error"
+FAILED = "failed"  # the hints match the golden but verify found errors
+STALE = "stale"
+PASSING = (OK, UPDATED, CREATED)
+_WROTE = (UPDATED, CREATED)
+STATUS_WIDTH = 9
+INDENT = "    "
+
+
+@dataclass(frozen=True)
+class GoldenComparison:
+    status: str  # OK, DIFFERS, MISSING, INVALID, UPDATED or CREATED
+    golden_path: Path
+    differences: tuple[Difference, ...] = ()
+    problem: str | None = None  # why the old golden could not be read
+
+    @property
+    def ok(self) -> bool:
+        return self.status in PASSING
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    ok: bool
+    text: str
+    report: dict[str, Any] | None = None
+    error: str | None = None  # verify could not run at all
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    entry: ModelEntry
+    golden: GoldenComparison | None = None
+    error: str | None = None  # the model could not be loaded or generated, or its golden written
+    warnings: tuple[str, ...] = ()
+    verify: VerifyOutcome | None = None
+    # --update left the golden as it was: the hints it would have written failed verify, or
+    # verify could not check them.
+    held_back: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.error is not None or self.golden is None:
+            return ERROR
+        if self.verify is not None and self.verify.error is not None:
+            return ERROR
+        if not self.golden.ok:
+            return self.golden.status
+        if self.verify is not None and not self.verify.ok:
+            return FAILED
+        return self.golden.status
+
+    @property
+    def ok(self) -> bool:
+        return self.status in PASSING
+
+    def lines(self, *, update_flag: str = "--update") -> list[str]:
+        """A summary line, then the details (differences, verify findings) indented."""
+        word = _status_word(self.status)
+        name = self.entry.name
+        if self.error is not None or self.golden is None:
+            return [f"{word}{name}: {self.error}"]
+        notes = [
+            *_golden_notes(self.entry, self.golden, None if self.held_back else update_flag),
+            *([f"not written: {self._held_back_why()}"] if self.held_back else []),
+            *self._verify_notes(),
+        ]
+        headline = f"{word}{name}" + (f" ({'; '.join(notes)})" if notes else "")
+        # The headline names the model: its path, which begins gen's warnings, is left out.
+        model = f"{self.entry.model_path}: "
+        details = [f"warning: {warning.removeprefix(model)}" for warning in self.warnings]
+        details += [difference.line() for difference in self.golden.differences]
+        if self.verify is not None and not self.verify.ok and self.verify.error is None:
+            details.extend(self.verify.text.splitlines())
+        return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]
+
+    def _held_back_why(self) -> str:
+        failed = self.verify is not None and self.verify.error is None
+        return "the hints fail verify" if failed else "verify could not run"
+
+    def _verify_notes(self) -> list[str]:
+        if self.verify is None:
+            return []
+        if self.verify.error is not None:
+            return [f"verify: {self.verify.error}"]
+        return ["verified"] if self.verify.ok else ["verify failed"]
+
+    def to_json(self) -> dict[str, Any]:
+        golden = self.golden
+        return {
+            "name": self.entry.name,
+            "model": self.entry.path_text,
+            "golden": self.entry.golden_text,
+            "status": self.status,
+            "ok": self.ok,
+            "error": self.error,
+            "golden_problem": None if golden is None else golden.problem,
+            "differences": [] if golden is None else [d.as_json() for d in golden.differences],
+            "warnings": list(self.warnings),
+            "held_back": self.held_back,
+            "verify": None
+            if self.verify is None
+            else {"ok": self.verify.ok, "error": self.verify.error, "report": self.verify.report},
+        }
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    manifest: Manifest
+    models: tuple[ModelResult, ...]
+    stale: tuple[Path, ...] = ()
+    update: bool = False
+    verify: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.stale and all(result.ok for result in self.models)
+
+    @property
+    def written(self) -> tuple[ModelResult, ...]:
+        """The models whose golden this run wrote."""
+        return tuple(r for r in self.models if r.golden is not None and r.golden.status in _WROTE)
+
+    def lines(self, *, update_flag: str = "--update") -> list[str]:
+        lines = [line for result in self.models for line in result.lines(update_flag=update_flag)]
+        lines.extend(
+            f"{_status_word(STALE)}{self.manifest.display(path)} "
+            "(no model in the manifest claims it; delete it or list its model)"
+            for path in self.stale
+        )
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "manifest": str(self.manifest.source),
+            "ok": self.ok,
+            "update": self.update,
+            "verify": self.verify,
+            "models": [result.to_json() for result in self.models],
+            "stale": [self.manifest.display(path) for path in self.stale],
+        }
+
+
+def run_check(manifest: Manifest, *, update: bool = False, verify: bool = False) -> CheckResult:
+    """Check every model of ``manifest``; one model's failure never stops the others."""
+    if verify:
+        _load_verify()  # before any golden is written: a run that cannot verify stops here
+    results = tuple(
+        _check_isolated(entry, update=update, verify=verify) for entry in manifest.models
+    )
+    return CheckResult(
+        manifest=manifest,
+        models=results,
+        stale=find_stale_goldens(manifest),
+        update=update,
+        verify=verify,
+    )
+
+
+def _check_isolated(entry: ModelEntry, *, update: bool, verify: bool) -> ModelResult:
+    try:
+        return check_model(entry, update=update, verify=verify)
+    except Exception as exc:  # a bug on one model must not hide the results of the others
+        return ModelResult(
+            entry,
+            error=f"internal error: {type(exc).__name__}: {exc} (this is a bug in shardcheck)",
+        )
+
+
+def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False) -> ModelResult:
+    """Generate ``entry``'s hints, compare (and with ``update`` rewrite) its golden, verify."""
+    try:
+        generated = generate(load_index(entry.model_path), entry.gen)
+    except ShardcheckError as exc:
+        return ModelResult(entry, error=exc.message)
+    outcome = run_verify(entry, generated.hints) if verify and entry.verify else None
+    # Hints that fail verify are not made the golden, --update or not.
+    held_back = update and outcome is not None and not outcome.ok
+    try:
+        golden = compare_with_golden(
+            generated.hints, entry.golden_path, update=update and not held_back
+        )
+    except ShardcheckError as exc:
+        return ModelResult(entry, error=exc.message, warnings=generated.warnings)
+    held_back = held_back and golden.status != OK
+    return ModelResult(
+        entry, golden, warnings=generated.warnings, verify=outcome, held_back=held_back
+    )
+
+
+def verify_model(entry: ModelEntry) -> VerifyOutcome:
+    """Generate ``entry``'s hints and verify them; InputError if the model is unusable."""
+    return run_verify(entry, generate(load_index(entry.model_path), entry.gen).hints)
+
+
+def compare_with_golden(
+    hints: ShardHints, golden_path: Path, *, update: bool = False
+) -> GoldenComparison:
+    """Compare ``hints`` with the golden file; with ``update``, rewrite it when it differs."""
+    if not golden_path.exists():
+        if not update:
+            return GoldenComparison(MISSING, golden_path)
+        write_golden(golden_path, hints)
+        return GoldenComparison(CREATED, golden_path)
+    try:
+        golden = read_hints(golden_path)
+    except InputError as exc:
+        if not update:
+            return GoldenComparison(INVALID, golden_path, problem=exc.message)
+        write_golden(golden_path, hints)
+        return GoldenComparison(UPDATED, golden_path, problem=exc.message)
+    differences = tuple(diff_hints(golden, hints))
+    if not differences:
+        return GoldenComparison(OK, golden_path)
+    if not update:
+        return GoldenComparison(DIFFERS, golden_path, differences)
+    write_golden(golden_path, hints)
+    return GoldenComparison(UPDATED, golden_path, differences)
+
+
+def write_golden(golden_path: Path, hints: ShardHints) -> None:
+    try:
+        golden_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{golden_path}: cannot create its directory: {exc.strerror}") from None
+    atomic_write_text(golden_path, dumps(hints))
+
+
+def find_stale_goldens(manifest: Manifest) -> tuple[Path, ...]:
+    """The ``*.json`` files under the manifest's golden-dir that no model claims."""
+    directory = manifest.golden_dir
+    if directory is None or not directory.is_dir():
+        return ()
+    claimed = {entry.golden_path.resolve() for entry in manifest.models}
+    return tuple(
+        sorted(
+            path
+            for path in directory.rglob("*.json")
+            if path.is_file()
+            and looks_like_a_golden(manifest, path)
+            and path.resolve() not in claimed
+        )
+    )
+
+
+def looks_like_a_golden(manifest: Manifest, path: Path) -> bool:
+    """Whether the stale-golden check takes ``path`` for a golden: a ``.json`` file in
+    golden-dir, none of whose parts below it is hidden."""
+    directory = manifest.golden_dir
+    if directory is None or path.suffix != ".json":
+        return False
+    try:
+        parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(directory)).parts
+    except ValueError:
+        return False
+    return not any(part.startswith(".") for part in parts)
+
+
+def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:
+    """The one place that calls verify (imported only when asked for)."""
+    verify_hints = _load_verify()
+    settings: dict[str, Any] = {}
+    if entry.ranks is not None:
+        settings["ranks"] = entry.ranks
+    if entry.seq_lens is not None:
+        settings["seq_lens"] = entry.seq_lens
+    try:
+        report = verify_hints(
+            str(entry.model_path), hints, hints_source="the hints gen writes", **settings
+        )
+    except ShardcheckError as exc:
+        return VerifyOutcome(ok=False, text=exc.message, error=exc.message)
+    return VerifyOutcome(ok=bool(report.ok), text=report.render_text(), report=report.to_json())
+
+
+def _load_verify() -> Callable[..., Any]:
+    try:
+        module = importlib.import_module("shardcheck.verification.verify")
+    except ModuleNotFoundError as exc:
+        if exc.name == "shardcheck.verification.verify":
+            raise InputError("verify is not available in this version") from None
+        raise InputError(
+            f"verify is not available: it needs the Python module {exc.name!r}, "
+            "which is not installed"
+        ) from None
+    return module.verify
+
+
+def _status_word(status: str) -> str:
+    word = status if status == OK else status.upper()
+    return word.ljust(STATUS_WIDTH)
+
+
+def _golden_notes(
+    entry: ModelEntry, golden: GoldenComparison, update_flag: str | None
+) -> list[str]:
+    """What the comparison found; ``update_flag``: what to run to fix it (None: no advice)."""
+    count = count_text(golden.differences)
+    advice = "" if update_flag is None else f"; run with {update_flag}"
+    if golden.status == DIFFERS:
+        return [count]
+    if golden.status == MISSING:
+        return [f"no golden: {entry.golden_text}{advice}"]
+    if golden.status == INVALID:
+        if golden.golden_path.is_dir():  # --update cannot write a file there
+            return [f"{golden.problem}; remove it, or give the model another golden path"]
+        return [f"{golden.problem}{advice}"]
+    if golden.status == CREATED:
+        return [f"wrote {entry.golden_text}"]
+    if golden.status == UPDATED:
+        why = f"was invalid: {golden.problem}" if golden.problem else count
+        return [f"rewrote {entry.golden_text}: {why}"]
+    return []
+
+
+def count_text(differences: Sequence[Difference]) -> str:
+    return f"{len(differences)} difference" + ("" if len(differences) == 1 else "s")

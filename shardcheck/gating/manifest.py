@@ -1,0 +1,326 @@
+"""The gating manifest: which models to check, with which gen options, against which goldens.
+
+The manifest is the ``[tool.shardcheck]`` table of a TOML file: ``pyproject.toml`` or a
+``shardcheck.toml`` that holds the very same table (so a manifest moves between the two files
+unchanged). Paths in it are relative to the directory of that file. Everything is validated
+here; each error is one line naming the file and the key, e.g.
+``pyproject.toml: tool.shardcheck.models[2].golden: missing``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardcheck.errors import InputError
+from shardcheck.generation.options import DEFAULT_SEQ_LENS, GenOptions
+from shardcheck.wording import listed
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+MANIFEST_NAMES = ("shardcheck.toml", "pyproject.toml")
+TABLE = "tool.shardcheck"
+TOP_KEYS = ("golden-dir", "models")
+MODEL_KEYS = ("name", "path", "golden", "gen", "verify", "ranks", "seq-lens")
+# Names become pytest node names and report keys: no spaces, no "::", no "/".
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of the manifest. ``*_text`` are the paths as written, for messages."""
+
+    name: str
+    position: int
+    path_text: str
+    golden_text: str
+    model_path: Path
+    golden_path: Path
+    gen: GenOptions
+    verify: bool = False
+    ranks: int | None = None
+    seq_lens: tuple[int, ...] | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{TABLE}.models[{self.position}]"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: Path
+    root: Path
+    models: tuple[ModelEntry, ...]
+    golden_dir: Path | None = None
+
+    def display(self, path: Path) -> str:
+        """``path`` relative to the manifest's directory, with / separators."""
+        return Path(os.path.relpath(path, self.root)).as_posix()
+
+
+def find_manifest(directory: str | os.PathLike[str] = ".") -> Path:
+    """``shardcheck.toml`` in ``directory`` if there is one, else its ``pyproject.toml``."""
+    base = Path(directory)
+    for name in MANIFEST_NAMES:
+        candidate = base / name
+        if candidate.is_file():
+            return candidate
+    raise InputError(
+        f"{base}: no manifest: neither shardcheck.toml nor pyproject.toml is in this directory"
+    )
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read and validate the manifest in the TOML file ``path``."""
+    file = Path(path)
+    if os.fspath(path) == "-" and not file.exists():
+        raise InputError(
+            "-: reading the manifest from standard input is not supported; give its path"
+        )
+    if not file.is_file():
+        problem = "is a directory, expected a TOML file" if file.is_dir() else "no such file"
+        raise InputError(f"{file}: {problem}")
+    try:
+        document = tomllib.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{file}: not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{file}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    return parse_manifest(document, file)
+
+
+def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
+    """Validate a decoded TOML document; paths resolve against ``source``'s directory."""
+    table = _normalised_keys(_shardcheck_table(document, source), TOP_KEYS, source, TABLE)
+    root = source.parent
+    golden_dir_text = _optional_path(table, "golden-dir", source, TABLE)
+    if "models" not in table:
+        raise _error(source, f"{TABLE}.models", f"missing (list each model as [[{TABLE}.models]])")
+    raw_models = table["models"]
+    if not isinstance(raw_models, list) or not raw_models:
+        raise _error(
+            source,
+            f"{TABLE}.models",
+            f"expected one or more [[{TABLE}.models]] tables, got {_shown(raw_models)}",
+        )
+    models = tuple(_model(raw, position, source, root) for position, raw in enumerate(raw_models))
+    _check_unique(models, source)
+    golden_dir = None
+    if golden_dir_text is not None:
+        golden_dir = root / golden_dir_text
+        _check_golden_dir(golden_dir, golden_dir_text, models, source)
+    return Manifest(source=source, root=root, models=models, golden_dir=golden_dir)
+
+
+def _check_golden_dir(
+    golden_dir: Path, text: str, models: tuple[ModelEntry, ...], source: Path
+) -> None:
+    """A golden-dir that is a file, or is missing with none of the goldens in it (a misspelt
+    path), would silently turn the stale-golden check off."""
+    where = f"{TABLE}.golden-dir"
+    if golden_dir.exists() and not golden_dir.is_dir():
+        raise _error(source, where, f"{text!r} is not a directory")
+    inside = any(
+        entry.golden_path.resolve().is_relative_to(golden_dir.resolve()) for entry in models
+    )
+    if not golden_dir.exists() and not inside:
+        raise _error(
+            source, where, f"{text!r} does not exist and holds none of the goldens; check the path"
+        )
+
+
+def _shardcheck_table(document: Mapping[str, Any], source: Path) -> Mapping[str, Any]:
+    tool = document.get("tool")
+    if tool is not None and not isinstance(tool, dict):
+        raise _error(source, "tool", f"expected a table, got {_shown(tool)}")
+    table = (tool or {}).get("shardcheck")
+    if table is None:
+        found = [key for key in document if key in TOP_KEYS]
+        hint = f" (found top-level {', '.join(found)}: put them under [{TABLE}])" if found else ""
+        raise InputError(f"{source}: no [{TABLE}] table{hint}; see docs/gating.md")
+    if not isinstance(table, dict):
+        raise _error(source, TABLE, f"expected a table, got {_shown(table)}")
+    return table
+
+
+def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
+    where = f"{TABLE}.models[{position}]"
+    if not isinstance(raw, dict):
+        raise _error(source, where, f"expected a table, got {_shown(raw)}")
+    raw = _normalised_keys(raw, MODEL_KEYS, source, where)
+    path_text = _required_path(raw, "path", source, where)
+    golden_text = _required_path(raw, "golden", source, where)
+    if not golden_text.endswith(".json"):
+        raise _error(source, f"{where}.golden", f"expected a .json file, got {_shown(golden_text)}")
+    name = _name(raw, path_text, source, where)
+    gen = raw.get("gen", {})
+    if not isinstance(gen, dict):
+        raise _error(source, f"{where}.gen", f"expected a table of gen options, got {_shown(gen)}")
+    verify = raw.get("verify", False)
+    if not isinstance(verify, bool):
+        raise _error(source, f"{where}.verify", f"expected true or false, got {_shown(verify)}")
+    entry = ModelEntry(
+        name=name,
+        position=position,
+        path_text=path_text,
+        golden_text=golden_text,
+        model_path=root / path_text,
+        golden_path=root / golden_text,
+        gen=GenOptions.from_mapping(gen, source=f"{source}: {where}.gen"),
+        verify=verify,
+        ranks=_ranks(raw, source, where),
+        seq_lens=_seq_lens(raw, source, where),
+    )
+    _check_ranks_divide(entry, source, where)
+    return entry
+
+
+def _name(raw: Mapping[str, Any], path_text: str, source: Path, where: str) -> str:
+    if "name" not in raw:
+        name = Path(path_text).stem
+        if not _NAME.match(name):
+            raise _error(
+                source,
+                f"{where}.name",
+                f"the file stem {_shown(name)} cannot be a name (letters, digits, _ . + - only); "
+                "set name",
+            )
+        return name
+    name = raw["name"]
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _error(
+            source,
+            f"{where}.name",
+            f"expected a name of letters, digits, _ . + - (no spaces), got {_shown(name)}",
+        )
+    return name
+
+
+def _ranks(raw: Mapping[str, Any], source: Path, where: str) -> int | None:
+    ranks = raw.get("ranks")
+    if ranks is None:
+        return None
+    if not _is_int(ranks) or ranks < 1:
+        raise _error(source, f"{where}.ranks", f"expected an integer >= 1, got {_shown(ranks)}")
+    return ranks
+
+
+def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ...] | None:
+    seq_lens = raw.get("seq-lens")
+    if seq_lens is None:
+        return None
+    if (
+        not isinstance(seq_lens, list)
+        or not all(_is_int(n) and n >= 1 for n in seq_lens)
+        or len(set(seq_lens)) < 2
+    ):
+        # verify tells the sequence axis by the lengths it changes with: two at least.
+        raise _error(
+            source,
+            f"{where}.seq-lens",
+            f"expected a list of two or more different integers >= 1, got {_shown(seq_lens)}",
+        )
+    return tuple(seq_lens)
+
+
+def _check_ranks_divide(entry: ModelEntry, source: Path, where: str) -> None:
+    if entry.ranks is None:
+        return
+    seq_lens = entry.seq_lens or DEFAULT_SEQ_LENS
+    bad = [str(n) for n in seq_lens if n % entry.ranks]
+    if bad:
+        key, given = (
+            ("seq-lens", "") if entry.seq_lens else ("ranks", " (verify's default lengths)")
+        )
+        raise _error(
+            source,
+            f"{where}.{key}",
+            f"{listed(bad)}{given} {'is' if len(bad) == 1 else 'are'} not a multiple of ranks "
+            f"({entry.ranks}): each rank gets an equal part of the sequence",
+        )
+
+
+def _check_unique(models: tuple[ModelEntry, ...], source: Path) -> None:
+    names: dict[str, ModelEntry] = {}
+    goldens: dict[Path, ModelEntry] = {}
+    for entry in models:
+        if entry.name in names:
+            other = names[entry.name]
+            raise _error(
+                source,
+                f"{entry.where}.name",
+                f"duplicate name {_shown(entry.name)} (also {other.where}); set distinct names",
+            )
+        names[entry.name] = entry
+        golden = entry.golden_path.resolve()
+        if golden in goldens:
+            other = goldens[golden]
+            raise _error(
+                source,
+                f"{entry.where}.golden",
+                f"{entry.golden_text} is already the golden of {other.where} ({other.name})",
+            )
+        goldens[golden] = entry
+
+
+def _normalised_keys(
+    table: Mapping[str, Any], known: tuple[str, ...], source: Path, where: str
+) -> dict[str, Any]:
+    """``table`` with its keys spelled with - (TOML style) where the file may use - or _.
+
+    An unknown key, or one key in both spellings, is an error.
+    """
+    result: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in table.items():
+        canonical = key.replace("_", "-")
+        if canonical not in known:
+            raise _error(source, f"{where}.{key}", f"unknown key (known keys: {', '.join(known)})")
+        if canonical in result:
+            raise _error(source, f"{where}.{key}", f"given twice (also as {spelled[canonical]})")
+        result[canonical] = value
+        spelled[canonical] = key
+    return result
+
+
+def _required_path(table: Mapping[str, Any], key: str, source: Path, where: str) -> str:
+    if key not in table:
+        raise _error(source, f"{where}.{key}", "missing")
+    return _path_text(table[key], source, f"{where}.{key}")
+
+
+def _optional_path(table: Mapping[str, Any], key: str, source: Path, where: str) -> str | None:
+    return None if key not in table else _path_text(table[key], source, f"{where}.{key}")
+
+
+def _path_text(value: Any, source: Path, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _error(source, where, f"expected a path (a non-empty string), got {_shown(value)}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _error(source: Path, where: str, problem: str) -> InputError:
+    return InputError(f"{source}: {where}: {problem}")

@@ -1,0 +1,1 @@
+"""gen: the options, the default mode and Polygraphy's mode."""

@@ -1,0 +1,508 @@
+"""A read-only index of an ONNX graph, built in one pass: producers, consumers, shapes.
+
+Detection, axis inference and the suggestion walks all read this index; none of them copies the
+graph. Weights are never needed: initializers are kept as protos and only their dims are read,
+except for small constants that a pattern asks for by value.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import math
+import struct
+import sys
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardcheck.graph import protos
+from shardcheck.graph.protos import full_onnx
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+Dim = int | str | None
+Shape = tuple[Dim, ...]
+
+# A constant whose value a pattern asks for is read only when it is this small.
+SMALL_CONSTANT_ELEMENTS = 4096
+# Ops whose output depends on their input's shape, not on its values.
+SHAPE_OPS = frozenset(["Shape", "Size"])
+
+_SIMPLE_ATTRIBUTES = {
+    protos.AttributeProto.INT: "i",
+    protos.AttributeProto.FLOAT: "f",
+    protos.AttributeProto.STRING: "s",
+    protos.AttributeProto.TENSOR: "t",
+}
+_EXTERNAL = protos.TensorProto.EXTERNAL
+_TENSOR = protos.AttributeProto.TENSOR
+_TENSORS = protos.AttributeProto.TENSORS
+_GRAPH = protos.AttributeProto.GRAPH
+_GRAPHS = protos.AttributeProto.GRAPHS
+_STRUCT_CODES = {
+    protos.TensorProto.FLOAT: "f",
+    protos.TensorProto.DOUBLE: "d",
+    protos.TensorProto.FLOAT16: "e",
+    protos.TensorProto.INT64: "q",
+    protos.TensorProto.INT32: "i",
+    protos.TensorProto.INT16: "h",
+    protos.TensorProto.INT8: "b",
+    protos.TensorProto.UINT64: "Q",
+    protos.TensorProto.UINT32: "I",
+    protos.TensorProto.UINT16: "H",
+    protos.TensorProto.UINT8: "B",
+    protos.TensorProto.BOOL: "?",
+}
+_LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
+INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
+
+
+@functools.cache
+def _raw_dtypes() -> dict[int, np.dtype[Any]]:
+    """Element types whose raw_data numpy reads as is (little-endian hosts); others go through
+    onnx.numpy_helper.to_array, which gives the same arrays more slowly. numpy is imported
+    here, when a constant's value is first read: most graphs never need one."""
+    import numpy as np
+
+    tensor = protos.TensorProto
+    return {
+        tensor.FLOAT: np.dtype(np.float32),
+        tensor.DOUBLE: np.dtype(np.float64),
+        tensor.FLOAT16: np.dtype(np.float16),
+        tensor.INT64: np.dtype(np.int64),
+        tensor.INT32: np.dtype(np.int32),
+        tensor.INT16: np.dtype(np.int16),
+        tensor.INT8: np.dtype(np.int8),
+        tensor.UINT64: np.dtype(np.uint64),
+        tensor.UINT32: np.dtype(np.uint32),
+        tensor.UINT16: np.dtype(np.uint16),
+        tensor.UINT8: np.dtype(np.uint8),
+        tensor.BOOL: np.dtype(np.bool_),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    proto: onnx.NodeProto = field(repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """How messages name this node: its name, or its op and position when unnamed."""
+        return self.name or f"<unnamed {self.op_type} #{self.index}>"
+
+    def value_tensor(self) -> onnx.TensorProto | None:
+        """A Constant node's ``value`` tensor, as a proto (its data is not read)."""
+        for attribute in self.proto.attribute:
+            if attribute.name == "value":
+                return attribute.t
+        return None
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for attribute in self.proto.attribute:
+            if attribute.name == name:
+                return _attribute_value(attribute)
+        return default
+
+
+_NODE_SETTERS = tuple(
+    Node.__dict__[name].__set__
+    for name in ("index", "name", "op_type", "domain", "inputs", "outputs", "proto")
+)
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    """``onnx.helper.get_attribute_value``, with a short way for the common kinds."""
+    kind = attribute.type
+    if not attribute.ref_attr_name:
+        if kind == protos.AttributeProto.INTS:
+            return attribute.ints[:]
+        field_name = _SIMPLE_ATTRIBUTES.get(kind)
+        if field_name is not None:
+            return getattr(attribute, field_name)
+    return full_onnx().helper.get_attribute_value(attribute)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while many small objects are made.
+
+    Building the index, the shapes and the walks allocates a few objects per node; with the
+    collector on, its young generation fills every few hundred of them, and the older ones are
+    walked again and again (a tenth of gen on a 32k-node graph, a third of the index build).
+    Nothing the analysis makes forms a cycle: reference counting frees all of it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _value_info_shape(info: onnx.ValueInfoProto) -> Shape | None:
+    tensor_type = info.type.tensor_type
+    if not info.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        elif dim.HasField("dim_value"):
+            dims.append(dim.dim_value)
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+class GraphIndex:
+    """Producers, consumers and declared shapes of a model's main graph."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        source: str = "<model>",
+        *,
+        external_tensors: Callable[[], list[onnx.TensorProto]] | None = None,
+    ) -> None:
+        self.model = model
+        self.source = source
+        # How the loader finds (or has found) the external tensors of the model, if it does.
+        self._find_external_tensors = external_tensors
+        self._external_tensors: list[onnx.TensorProto] | None = None
+        graph = model.graph
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+        self.graph_inputs: list[str] = [
+            i.name for i in graph.input if i.name not in self.initializers
+        ]
+        self.graph_outputs: list[str] = [o.name for o in graph.output]
+        self.input_infos = {i.name: i for i in graph.input}
+        self.output_infos = {o.name: o for o in graph.output}
+        self.value_infos: dict[str, list[onnx.ValueInfoProto]] = {}
+        for info in graph.value_info:
+            self.value_infos.setdefault(info.name, []).append(info)
+
+        self.nodes: list[Node] = []
+        self.producer: dict[str, int] = {}
+        # One entry per use: a node reading a tensor twice is listed twice (as graphsurgeon does).
+        self.consumers: dict[str, list[int]] = {}
+        with gc_paused():
+            self._index_nodes(graph)
+        self._constant_cache: dict[str, np.ndarray | None] = {}
+
+    def _index_nodes(self, graph: onnx.GraphProto) -> None:
+        # The hot loop of the index (tens of thousands of nodes): Node objects are made without
+        # the dataclass __init__ (a frozen one sets each field through object.__setattr__): their
+        # slots are filled through the slot descriptors. Repeated fields are read as slices, the
+        # fastest way out of upb.
+        nodes = self.nodes
+        producer = self.producer
+        consumers = self.consumers
+        new_node = object.__new__
+        set_index, set_name, set_op, set_domain, set_inputs, set_outputs, set_proto = _NODE_SETTERS
+        for index, proto in enumerate(graph.node):
+            inputs = tuple(proto.input[:])
+            outputs = tuple(proto.output[:])
+            node = new_node(Node)
+            set_index(node, index)
+            set_name(node, proto.name)
+            set_op(node, proto.op_type)
+            set_domain(node, proto.domain)
+            set_inputs(node, inputs)
+            set_outputs(node, outputs)
+            set_proto(node, proto)
+            nodes.append(node)
+            for name in inputs:
+                if name:
+                    users = consumers.get(name)
+                    if users is None:
+                        consumers[name] = [index]
+                    else:
+                        users.append(index)
+            for name in outputs:
+                if name:
+                    producer[name] = index
+
+    def external_tensors(self) -> list[onnx.TensorProto]:
+        """The model's tensors whose data is in external files (see ``model_tensors``)."""
+        if self._external_tensors is None:
+            find = self._find_external_tensors
+            self._external_tensors = find() if find else external_tensors(self.model)
+        return self._external_tensors
+
+    def external_locations(self) -> set[str]:
+        """The files that hold the model's external tensors (locations relative to it)."""
+        return locations_of(self.external_tensors())
+
+    # ------------------------------------------------------------------ topology
+
+    def producer_of(self, tensor: str) -> Node | None:
+        index = self.producer.get(tensor)
+        return None if index is None else self.nodes[index]
+
+    def consumers_of(self, tensor: str) -> list[Node]:
+        return [self.nodes[i] for i in self.consumers.get(tensor, ())]
+
+    def computed_from(
+        self,
+        starts: Iterable[str],
+        *,
+        stop: Collection[str] = frozenset(),
+        ends: Collection[str] = frozenset(),
+        through_shapes: bool = True,
+    ) -> set[str]:
+        """Every tensor computed from ``starts`` (they included): through Shape and Size only
+        with ``through_shapes``, not passing the tensors in ``stop``, and not going on past
+        those in ``ends`` (a start does go on)."""
+        queue = deque(starts)
+        first = set(queue)
+        found = set(first)
+        while queue:
+            tensor = queue.popleft()
+            if tensor in ends and tensor not in first:
+                continue
+            for node_index in self.consumers.get(tensor, ()):
+                node = self.nodes[node_index]
+                if not through_shapes and node.op_type in SHAPE_OPS:
+                    continue
+                for output in node.outputs:
+                    if output and output not in found and output not in stop:
+                        found.add(output)
+                        queue.append(output)
+        return found
+
+    def is_graph_output(self, tensor: str) -> bool:
+        return tensor in self.output_infos
+
+    def has_tensor(self, tensor: str) -> bool:
+        return tensor in self.producer or tensor in self.input_infos or tensor in self.initializers
+
+    def all_tensor_names(self) -> Iterator[str]:
+        yield from self.input_infos
+        yield from self.initializers
+        for node in self.nodes:
+            yield from (name for name in node.outputs if name)
+
+    # ------------------------------------------------------------------ shapes
+
+    def declared_shape(self, tensor: str) -> Shape | None:
+        """The shape as onnx-graphsurgeon's importer records it (Polygraphy reads this).
+
+        Initializers win; then value_info (a later duplicate fills in a missing shape); then the
+        graph input or output declaration.
+        """
+        if tensor in self.initializers:
+            return tuple(int(d) for d in self.initializers[tensor].dims)
+        shape: Shape | None = None
+        infos = self.value_infos.get(tensor)
+        if infos:
+            for info in infos:
+                shape = shape or _value_info_shape(info)
+            return shape
+        if tensor in self.input_infos:
+            return _value_info_shape(self.input_infos[tensor])
+        if tensor in self.output_infos:
+            return _value_info_shape(self.output_infos[tensor])
+        return None
+
+    def rank(self, tensor: str) -> int | None:
+        shape = self.declared_shape(tensor)
+        return None if shape is None else len(shape)
+
+    def elem_type(self, tensor: str) -> int | None:
+        initializer = self.initializers.get(tensor)
+        if initializer is not None:
+            return initializer.data_type
+        infos: Sequence[onnx.ValueInfoProto] = self.value_infos.get(tensor, ())
+        if tensor in self.input_infos:
+            infos = [*infos, self.input_infos[tensor]]
+        if tensor in self.output_infos:
+            infos = [*infos, self.output_infos[tensor]]
+        for info in infos:
+            if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+                return info.type.tensor_type.elem_type
+        return None
+
+    # ------------------------------------------------------------------ constants
+
+    def constant_tensor(self, tensor: str) -> onnx.TensorProto | None:
+        """An initializer, or a Constant node's ``value`` tensor, as a proto (its data is not
+        read); None for anything else."""
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is None:
+            node = self.producer_of(tensor)
+            if node is not None and node.op_type == "Constant":
+                proto = node.value_tensor()
+        return proto
+
+    def constant_value(self, tensor: str) -> np.ndarray | None:
+        """The value of a small constant (initializer or Constant node), or None."""
+        if tensor in self._constant_cache:
+            return self._constant_cache[tensor]
+        source = self._constant_source(tensor)
+        value = None
+        if isinstance(source, protos.TensorProto):
+            value = _tensor_value(source)
+        elif source is not None:
+            import numpy as np
+
+            value = np.array(full_onnx().helper.get_attribute_value(source))
+        self._constant_cache[tensor] = value
+        return value
+
+    def constant_ndim(self, tensor: str) -> int | None:
+        """``constant_value(tensor).ndim``, or None where that is None, without reading data."""
+        source = self._constant_source(tensor)
+        if source is None:
+            return None
+        if isinstance(source, protos.TensorProto):
+            return len(source.dims)
+        return 1 if source.name in ("value_floats", "value_ints") else 0
+
+    def constant_ints(self, tensor: str) -> tuple[int, ...] | None:
+        """The elements of an integer ``constant_value(tensor)``, flattened (None for other
+        element types); stored as raw_data (the usual axes, repeats and indices), they are
+        read without numpy."""
+        source = self._constant_source(tensor)
+        if source is None:
+            return None
+        if isinstance(source, protos.TensorProto):
+            if source.data_type not in INTEGER_TYPES:
+                return None
+            values = raw_values(source, math.prod(source.dims), whole=True)
+            if values is not None:
+                return values
+        elif source.name not in ("value_int", "value_ints"):
+            return None
+        value = self.constant_value(tensor)
+        return None if value is None else tuple(int(v) for v in value.reshape(-1))
+
+    def _constant_source(self, tensor: str) -> onnx.TensorProto | onnx.AttributeProto | None:
+        """Where a small constant's value is stored: an inline tensor (an initializer of at most
+        SMALL_CONSTANT_ELEMENTS, or a Constant node's ``value``), or a Constant node's
+        ``value_float(s)``/``value_int(s)`` attribute; None for anything else."""
+        proto: onnx.TensorProto | None = self.initializers.get(tensor)
+        if proto is not None:
+            if proto.data_location == _EXTERNAL:
+                return None
+            return None if math.prod(proto.dims) > SMALL_CONSTANT_ELEMENTS else proto
+        node = self.producer_of(tensor)
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            return None
+        for attribute in node.proto.attribute:
+            if attribute.name == "value":
+                return None if attribute.t.data_location == _EXTERNAL else attribute.t
+            if attribute.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                return attribute
+        return None
+
+
+def raw_values(
+    tensor: onnx.TensorProto, count: int, *, whole: bool = False
+) -> tuple[Any, ...] | None:
+    """The first ``count`` values of an inline tensor stored as little-endian raw_data, read
+    with struct (no numpy, nor the rest of the data); with ``whole``, only when the tensor
+    holds exactly ``count``. None when it is stored otherwise."""
+    code = _STRUCT_CODES.get(tensor.data_type)
+    if (
+        code is None
+        or not _LITTLE_ENDIAN
+        or tensor.data_location == _EXTERNAL
+        or not tensor.HasField("raw_data")
+    ):
+        return None
+    layout = _LAYOUTS.get((count, code))
+    if layout is None:
+        layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
+    raw = tensor.raw_data
+    if len(raw) < layout.size or (whole and len(raw) != layout.size):
+        return None
+    return layout.unpack_from(raw)
+
+
+def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array`` of an inline tensor, reading raw_data directly when it can."""
+    import numpy as np
+
+    dtype = _raw_dtypes().get(tensor.data_type)
+    if (
+        dtype is not None
+        and _LITTLE_ENDIAN
+        and tensor.HasField("raw_data")
+        and not tensor.HasField("segment")
+    ):
+        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
+    return full_onnx().numpy_helper.to_array(tensor)
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The files that hold the model's external tensors (locations relative to the model):
+    those of its main graph, its subgraphs (If, Loop, Scan bodies) and its functions."""
+    return locations_of(external_tensors(model))
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [tensor for tensor in model_tensors(model) if tensor.data_location == _EXTERNAL]
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model's graphs and functions, in a fixed order."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        yield from node_tensors(function.node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    yield from node_tensors(graph.node)
+
+
+def node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
+    """The tensors in the attributes of ``nodes``, their subgraphs' included."""
+    for node in nodes:
+        for attribute in node.attribute:
+            yield from attribute_tensors(attribute)
+
+
+def attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    kind = attribute.type
+    if kind == _TENSOR:
+        yield attribute.t
+    elif kind == _TENSORS:
+        yield from attribute.tensors
+    else:
+        for graph in attribute_graphs(attribute):
+            yield from _graph_tensors(graph)
+
+
+def attribute_graphs(attribute: onnx.AttributeProto) -> Sequence[onnx.GraphProto]:
+    """The subgraphs an attribute holds (If's branches, Loop's and Scan's bodies)."""
+    kind = attribute.type
+    if kind == _GRAPH:
+        return (attribute.g,)
+    if kind == _GRAPHS:
+        return attribute.graphs
+    return ()
+
+
+def locations_of(tensors: Iterable[onnx.TensorProto]) -> set[str]:
+    """The files that external ``tensors`` name in their ``location`` entries."""
+    return {
+        entry.value
+        for tensor in tensors
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }

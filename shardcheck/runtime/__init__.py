@@ -1,0 +1,1 @@
+"""onnxruntime and its runs: sessions, feeds, dims, the memory estimate."""

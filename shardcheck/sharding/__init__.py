@@ -1,0 +1,1 @@
+"""shard: the multi-device model and the files it is saved to."""

@@ -1,0 +1,407 @@
+"""The multi-device model for context parallelism, as Polygraphy 0.53.6's ``multi-device shard``.
+
+For native CP, in this order:
+
+1. every hinted input (any tensor of the model) gets a ``reduce_scatter`` ``DistCollective``
+   and all its consumers read the scattered tensor;
+2. every hinted attention layer (found by its Q, after step 1) all-gathers Q when ``gather_q``,
+   K (the score MatMul's second input, ``k_seq_len_idx``) and V (the context MatMul's second
+   input, ``v_seq_len_idx``) when ``gather_kv``; a tensor is gathered once;
+3. unless a layer gathers Q (or gathers K/V that are its Q), every hinted output is all-gathered;
+   a graph output that is gathered is replaced by the gathered tensor.
+
+A collective on an axis other than 0 is wrapped in two Transposes that swap that axis with 0
+(NCCL collectives work on axis 0). Layers are the ones shardcheck detects, not only Polygraphy's
+two patterns. Unlike Polygraphy, the nodes come out topologically sorted, a K or V shared by two
+layers is gathered once, an unknown tensor or an unmatched Q is an error, and a gathered graph
+output keeps its declared type and shape.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from shardcheck.analysis.detect import AttentionLayer, detect_attention
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.errors import HintsMismatchError, InputError, OutputError
+from shardcheck.fsio import atomic_write_bytes, output_target
+from shardcheck.graph.index import GraphIndex, external_locations
+from shardcheck.graph.loader import weights_dir
+from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints, validated
+
+COLLECTIVE_OP = "DistCollective"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+# Slot of the tensors that exist before the first node: graph inputs and initializers.
+BEFORE_FIRST_NODE = -1
+
+
+@dataclass(frozen=True)
+class ChainTail:
+    """A tensor the shard created that stands for a tensor of the original model."""
+
+    source: str  # the original tensor it stands for
+    operation: str  # REDUCE_SCATTER or ALL_GATHER
+    collective_node: str  # name of the DistCollective node that made it
+    axis: int  # the sequence axis the collective works on (through the Transposes)
+
+
+@dataclass(frozen=True)
+class ShardedModel:
+    """The multi-device model and what its new tensors stand for."""
+
+    model: onnx.ModelProto
+    tails: dict[str, ChainTail] = field(default_factory=dict)
+    # Original graph output -> the graph output of the sharded model that replaces it.
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.AttributeProto]:
+    """The attributes Polygraphy writes on a DistCollective, in its order."""
+    reduce_op = dist.reduce_op if operation == REDUCE_SCATTER else "none"
+    return [
+        helper.make_attribute("group_size", dist.group_size),
+        helper.make_attribute("root", dist.root),
+        helper.make_attribute("nb_rank", dist.nb_rank),
+        helper.make_attribute("reduce_op", reduce_op),
+        helper.make_attribute("collective_operation", operation),
+        helper.make_attribute("groups", list(dist.groups), attr_type=onnx.AttributeProto.INTS),
+    ]
+
+
+def gathered_by_q(layers: Iterable[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
+    """Q -> (gathered K, gathered V) of each of ``layers`` with that Q."""
+    gathered: dict[str, list[tuple[str, str]]] = {}
+    for layer in layers:
+        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
+    return gathered
+
+
+class _Rewriter:
+    """Inserts chains of nodes after a tensor and moves every consumer to the chain's tail."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        hints: ShardHints,
+        hints_source: str,
+        shapes: ShapeInference | None = None,
+    ) -> None:
+        self.index = index
+        self.hints = hints
+        self.hints_source = hints_source
+        self.nodes = [_copy(node.proto) for node in index.nodes]
+        self.inserted: dict[int, list[onnx.NodeProto]] = {}
+        self.slot: dict[str, int] = dict.fromkeys(index.input_infos, BEFORE_FIRST_NODE)
+        self.slot.update(dict.fromkeys(index.initializers, BEFORE_FIRST_NODE))
+        self.slot.update(index.producer)
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for proto in self.nodes:
+            self._add_uses(proto)
+        self.graph_outputs = list(index.graph_outputs)
+        self.tensor_names = set(index.all_tensor_names())
+        self.node_names = {node.name for node in index.nodes}
+        # Original tensor -> the tensor its consumers read now.
+        self.current: dict[str, str] = {}
+        self.tails: dict[str, ChainTail] = {}
+        self.new_value_infos: list[onnx.ValueInfoProto] = []
+        self._shapes = shapes
+
+    # ----------------------------------------------------------------- chains
+
+    def collective(
+        self,
+        source: str,
+        operation: str,
+        axis: int,
+        rank: int | None,
+        what: str,
+        fields: tuple[str, str] = ("seq_len_idx", "rank"),
+    ) -> None:
+        """Scatter or gather ``source`` (as its consumers now read it) along ``axis``;
+        ``fields``: the hints' names of ``axis`` and ``rank``, for messages."""
+        head = self.current.get(source, source)
+        perm = None if axis == 0 else self._swap(source, axis, rank, what, fields)
+        name = f"{source}/{operation}"
+        tensor = head
+        if perm is not None:
+            tensor = self._extend(tensor, f"{name}/axis{axis}_to_0", source, perm=perm)
+        on_axis0 = name if perm is None else f"{name}/on_axis0"
+        tensor = self._extend(tensor, on_axis0, source, operation=operation)
+        collective_node = self.inserted[self.slot[tensor]][-1].name
+        if perm is not None:
+            tensor = self._extend(tensor, name, source, perm=perm)
+        self.current[source] = tensor
+        self.tails[tensor] = ChainTail(source, operation, collective_node, axis)
+
+    def _extend(
+        self,
+        head: str,
+        wanted_name: str,
+        source: str,
+        *,
+        operation: str | None = None,
+        perm: list[int] | None = None,
+    ) -> str:
+        """Insert a collective (``operation``) or a Transpose (``perm``) after ``head``."""
+        tail = _unique(wanted_name, self.tensor_names)
+        node_name = _unique(tail, self.node_names)
+        if operation is not None:
+            node = helper.make_node(COLLECTIVE_OP, [head], [tail], name=node_name)
+            node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
+        else:
+            node = helper.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
+        for consumer, position in self.consumers.pop(head, []):
+            consumer.input[position] = tail
+            self.consumers.setdefault(tail, []).append((consumer, position))
+        self._add_uses(node)
+        slot = self.slot[head]
+        self.inserted.setdefault(slot, []).append(node)
+        self.slot[tail] = slot
+        self.graph_outputs = [tail if name == head else name for name in self.graph_outputs]
+        elem_type = self.index.elem_type(source)
+        if elem_type:
+            self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
+        return tail
+
+    def _swap(
+        self, source: str, axis: int, hinted_rank: int | None, what: str, fields: tuple[str, str]
+    ) -> list[int]:
+        axis_field, rank_field = fields
+        where = f"{self.hints_source}: {what}"
+        rank = self._rank(source)
+        if rank is not None and hinted_rank is not None and hinted_rank != rank:
+            # The Transposes would be written for the hinted rank: a model that cannot run.
+            raise HintsMismatchError(
+                f"{where}: {rank_field} {hinted_rank} is given, but {source!r} has rank {rank}"
+            )
+        rank = rank or hinted_rank
+        if rank is None:
+            raise HintsMismatchError(
+                f"{where}: {axis_field} {axis} needs the rank of {source!r}, but the model "
+                f"declares no shape for it and the hint gives no {rank_field}"
+            )
+        if axis >= rank:
+            raise HintsMismatchError(
+                f"{where}: {axis_field} {axis} is out of range for {source!r} of rank {rank}"
+            )
+        perm = list(range(rank))
+        perm[0], perm[axis] = axis, 0
+        return perm
+
+    def _rank(self, tensor: str) -> int | None:
+        rank = self.index.rank(tensor)
+        if rank is not None:
+            return rank
+        if self._shapes is None:
+            self._shapes = ShapeInference(self.index)
+        return self._shapes.rank(tensor)
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    def _add_uses(self, proto: onnx.NodeProto) -> None:
+        for position, name in enumerate(proto.input):
+            if name:
+                self.consumers.setdefault(name, []).append((proto, position))
+
+    def sorted_nodes(self) -> list[onnx.NodeProto]:
+        ordered = list(self.inserted.get(BEFORE_FIRST_NODE, []))
+        for position, proto in enumerate(self.nodes):
+            ordered.append(proto)
+            ordered.extend(self.inserted.get(position, []))
+        return ordered
+
+
+def _unique(wanted: str, used: set[str]) -> str:
+    name, counter = wanted, 1
+    while name in used:
+        counter += 1
+        name = f"{wanted}_{counter}"
+    used.add(name)
+    return name
+
+
+def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(proto)
+    return copy
+
+
+def shard_model(
+    index: GraphIndex,
+    hints: ShardHints,
+    layers: dict[str, list[tuple[str, str]]] | None = None,
+    *,
+    hints_source: str = "<hints>",
+    shapes: ShapeInference | None = None,
+) -> ShardedModel:
+    """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
+
+    ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
+    (default: ``shardcheck.analysis.detect``); ``shapes``: the model's, when already inferred.
+    """
+    hints = validated(hints, hints_source)
+    if hints.parallelism != "CP":
+        raise HintsMismatchError(
+            f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "
+            "parallelism (CP) models only"
+        )
+    for position, layer in enumerate(hints.attention_layers):
+        if layer.replace is not None:
+            raise InputError(
+                f"{hints_source}: attention_layers[{position}] (q {layer.q!r}): fused "
+                "replacement (cp-type fused) is not supported yet; use native CP hints "
+                "(replace: null)"
+            )
+    _check_tensors(index, hints, hints_source)
+    if layers is None:
+        layers = gathered_by_q(detect_attention(index, shapes))
+    rewriter = _Rewriter(index, hints, hints_source, shapes)
+
+    for position, tensor in enumerate(hints.inputs):
+        rewriter.collective(
+            tensor.name, REDUCE_SCATTER, tensor.seq_len_idx, tensor.rank, f"inputs[{position}]"
+        )
+    q_is_gathered = False
+    gathered: set[str] = set()
+    for position, layer in enumerate(hints.attention_layers):
+        if not layers.get(layer.q):
+            raise HintsMismatchError(
+                f"{hints_source}: attention_layers[{position}]: q {layer.q!r} is not the Q of "
+                "any attention layer of the model"
+            )
+        for k, v in layers[layer.q]:
+            for tensor, axis, rank, wanted, what in _layer_gathers(hints, layer, k, v):
+                if wanted and tensor not in gathered:
+                    gathered.add(tensor)
+                    rewriter.collective(
+                        tensor,
+                        ALL_GATHER,
+                        axis,
+                        rank,
+                        f"attention_layers[{position}] {what}",
+                        (f"{what.lower()}_seq_len_idx", "kv_rank"),
+                    )
+            q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
+    if not q_is_gathered:
+        for position, tensor in enumerate(hints.outputs):
+            rewriter.collective(
+                tensor.name, ALL_GATHER, tensor.seq_len_idx, tensor.rank, f"outputs[{position}]"
+            )
+    return ShardedModel(
+        model=_build_model(index, rewriter),
+        tails=dict(rewriter.tails),
+        outputs=dict(zip(index.graph_outputs, rewriter.graph_outputs, strict=True)),
+    )
+
+
+def _layer_gathers(
+    hints: ShardHints, layer: AttentionLayerHint, k: str, v: str
+) -> Iterable[tuple[str, int, int | None, bool, str]]:
+    # Q is gathered on axis 0, without Transposes, as Polygraphy does.
+    yield layer.q, 0, None, layer.gather_q, "Q"
+    yield k, hints.k_seq_len_idx, hints.kv_rank, layer.gather_kv, "K"
+    yield v, hints.v_seq_len_idx, hints.kv_rank, layer.gather_kv, "V"
+
+
+def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> None:
+    for key, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
+        for position, tensor in enumerate(tensors):
+            if not index.has_tensor(tensor.name):
+                raise HintsMismatchError(
+                    f"{hints_source}: {key}[{position}]: tensor {tensor.name!r} is not in the "
+                    f"model {index.source}"
+                )
+
+
+def _build_model(index: GraphIndex, rewriter: _Rewriter) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.CopyFrom(index.model)
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(rewriter.sorted_nodes())
+    original_outputs = {info.name: info for info in graph.output}
+    del graph.output[:]
+    for original, name in zip(index.graph_outputs, rewriter.graph_outputs, strict=True):
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(original_outputs[original])
+        info.name = name
+        tail = rewriter.tails.get(name)
+        if tail is not None and tail.operation != ALL_GATHER:
+            # Only a gathered output has the declared (full) shape.
+            info.type.tensor_type.ClearField("shape")
+        graph.output.append(info)
+    moved = [o for o, n in zip(index.graph_outputs, rewriter.graph_outputs, strict=True) if o != n]
+    # A graph output that became an inner tensor keeps its declaration, as value_info.
+    graph.value_info.extend(original_outputs[name] for name in moved)
+    graph.value_info.extend(
+        info for info in rewriter.new_value_infos if info.name not in rewriter.graph_outputs
+    )
+    return model
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def save_sharded_model(
+    model: onnx.ModelProto, *, source: str | os.PathLike[str], output: str | os.PathLike[str]
+) -> list[Path]:
+    """Write ``model`` to ``output``; its external weight files stay usable.
+
+    The model keeps the external-data locations of ``source`` (relative to the model file).
+    When ``output`` is in another directory, each weight file is copied there (not hard-linked:
+    onnx refuses weight files with several links); an identical file already there is reused,
+    a different one is an error, never overwritten. Returns the weight files copied.
+    """
+    source_dir = weights_dir(source)
+    # Refuse a bad output path before a weight file is copied next to it.
+    output_path, output_dir = output_target(output)
+    output_dir = output_dir.resolve()
+    copied: list[Path] = []
+    try:
+        # A device or a pipe (-o /dev/null) has no directory to hold weight files.
+        beside_output = output_dir != source_dir and not (
+            output_path.exists() and not output_path.is_file()
+        )
+        if beside_output:
+            for location in sorted(external_locations(model)):
+                if _place_weight_file(source_dir / location, output_dir / location):
+                    copied.append(output_dir / location)
+        atomic_write_bytes(output_path, model.SerializeToString())
+    except BaseException:
+        for path in copied:  # copied by this call: nothing refers to them without the model
+            path.unlink(missing_ok=True)
+        raise
+    return copied
+
+
+def _place_weight_file(source: Path, target: Path) -> bool:
+    """Copy ``source`` to ``target``; False when an identical file is already there."""
+    if not source.is_file():
+        raise InputError(f"{source}: external weight file of the model is missing")
+    if target.exists():
+        if filecmp.cmp(source, target, shallow=False):
+            return False
+        raise OutputError(
+            f"{target}: a different file is already there; the sharded model needs a copy of "
+            f"{source} at that place (write the model to another directory)"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.tmp")
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except BaseException as exc:  # an interrupt too: no temporary file is left behind
+        temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        raise
+    return True

@@ -1,0 +1,1 @@
+"""CP simulated on N ranks, compared with one device."""

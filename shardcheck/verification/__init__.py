@@ -1,0 +1,1 @@
+"""verify: static checks, onnxruntime runs and their findings."""

@@ -1,0 +1,337 @@
+"""``verify``: do the hints fit the model? Static checks (verify_static.py), then onnxruntime
+runs at several lengths (verify_runtime.py), then, with ``ranks``, the CP simulation.
+
+The static part reads only the graph index. The runtime part runs the model once per sequence
+length with every hinted tensor, and each layer's Q and gathered K and V, exposed as outputs,
+and compares shapes across the runs: the axis that changes with the length is the sequence axis,
+whatever the dims are called. With ``ranks``, the CP simulation runs as well.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardcheck.analysis.detect import AttentionLayer, detect_attention, layer_tensors
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.errors import HintsMismatchError, InputError, ShardcheckError
+from shardcheck.generation.options import DEFAULT_SEQ_LENS
+from shardcheck.graph.index import GraphIndex, gc_paused
+from shardcheck.graph.loader import index_parsed, parse_model
+from shardcheck.hints.files import read_hints
+from shardcheck.hints.model import ShardHints, validated
+from shardcheck.lifetime import keep_until_exit
+from shardcheck.runtime.feeds import (
+    BATCH_DIM_DEFAULT,
+    BATCH_LIKE,
+    OTHER_DIM_DEFAULT,
+    check_user_dims,
+    resolve_dims,
+)
+from shardcheck.runtime.memory import check_weights
+from shardcheck.sharding.rewrite import gathered_by_q
+from shardcheck.simulation.simulate import (
+    ReferenceRun,
+    Simulation,
+    first_unsplittable,
+    unsplittable_message,
+)
+from shardcheck.verification.findings import ERROR, INFO, Report
+from shardcheck.verification.run_checks import (
+    DimChooser,
+    PendingSession,
+    Progress,
+    RuntimeCheck,
+    watched_tensors,
+)
+from shardcheck.verification.static_checks import check_static
+from shardcheck.wording import counted, listed
+
+
+# Its analysis makes many small objects and no cycles; the collector only walked them again
+# and again (on a 32k-node graph ~70 collections per verify, 47-96 ms in all).
+@gc_paused()
+def verify(
+    model_path: str | os.PathLike[str],
+    hints: ShardHints | str | os.PathLike[str],
+    *,
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    dims: Mapping[str, int] | None = None,
+    ranks: int | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    timeout: float | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    hints_source: str = "<hints>",
+) -> Report:
+    """Check ``hints`` against ``model_path``; every finding is collected, not only the first.
+
+    ``hints_source``: what messages call ``hints`` when it is a ShardHints, not a file."""
+    if len(seq_lens) < 2 or len(set(seq_lens)) != len(seq_lens) or min(seq_lens) < 1:
+        raise InputError(
+            f"--seq-lens {','.join(map(str, seq_lens))}: give at least two different positive "
+            "lengths, e.g. 8,16"
+        )
+    # threading.Timer takes no NaN, infinity or wait past TIMEOUT_MAX (it fails in its thread).
+    if timeout is not None and not 0 < timeout <= threading.TIMEOUT_MAX:
+        raise InputError(
+            f"--timeout {timeout}: expected a positive number of seconds "
+            f"(at most {threading.TIMEOUT_MAX:.0f})"
+        )
+    for option, value in (("--rtol", rtol), ("--atol", atol)):
+        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
+            raise InputError(f"{option} {value}: expected a finite number >= 0")
+    if ranks is not None and ranks < 1:
+        raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+    parsed = parse_model(model_path, keep_bytes=True)
+    if isinstance(hints, ShardHints):
+        hints = validated(hints, hints_source)
+    else:
+        hints_source, hints = str(hints), read_hints(hints)
+    report = Report(model=str(model_path), hints=hints_source)
+    index = index_parsed(parsed)
+    # onnxruntime loads the model while the analysis and the checker run (the session is only
+    # used once both have passed); the weights must fit first.
+    check_weights(index)
+    early = {layer.q: layer for layer in layer_tensors(index)}
+    watched = watched_tensors(index, hints, early)
+    pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
+    simulation: Simulation | ShardcheckError | None = None
+    try:
+        try:
+            shapes = ShapeInference(index)
+            layers = detect_attention(index, shapes)
+            by_q = {layer.q: layer for layer in layers}
+            check_static(index, shapes, hints, layers, report)
+            choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
+            if ranks is not None:
+                _refuse_unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
+            runtime = RuntimeCheck(
+                index, hints, by_q, report, seed, timeout, progress, shapes=shapes
+            )
+            if ranks is not None:
+                simulation = _prepared_simulation(
+                    model_path, hints, hints_source, ranks, index, layers, shapes
+                )
+            runtime.prepare(pending, list(seq_lens), choose)
+        except Exception:
+            parsed.check()  # the checker's verdict on an invalid model comes first
+            raise
+        # The checker holds the GIL for its whole run, and onnxruntime takes the GIL back
+        # most often early in the making of the session: checked last, the session waits less.
+        parsed.check()
+        runtime.run(pending, list(seq_lens), choose)
+        # A model that runs only at its traced length is simulated there.
+        baked = runtime.baked.ran_at if runtime.baked is not None else ()
+        lengths = list(seq_lens if runtime.ran else baked)
+        if isinstance(simulation, Simulation) and not lengths:
+            simulation.simulator.stop_making_ahead()
+        matched = None
+        if ranks is not None and lengths:
+            matched = False
+            if isinstance(simulation, HintsMismatchError):
+                # The hints were read and the model runs: what keeps them from sharding it
+                # is a finding about the hints, beside those above.
+                report.add(
+                    "SC203",
+                    ERROR,
+                    "simulation",
+                    f"the CP simulation on {ranks} ranks cannot shard the model with these "
+                    f"hints: {simulation.message}",
+                    expected="shardable",
+                    observed="refused",
+                )
+            elif isinstance(simulation, ShardcheckError):
+                raise simulation  # what the simulator cannot do, not a fault of the hints
+            else:
+                assert simulation is not None
+                settings = _SimulationSettings(ranks, rtol, atol, seed)
+                matched = _simulate(
+                    simulation, settings, lengths, choose, runtime, report, progress
+                )
+        runtime.report_baked(matched, ranks)
+        keep_until_exit(pending, simulation, runtime, shapes, index, parsed)
+    except Exception:
+        # No onnxruntime work is left running behind an error: a process that ends while a
+        # session is being made crashes.
+        pending.settle()
+        if isinstance(simulation, Simulation):
+            simulation.simulator.stop_making_ahead()
+        raise
+    return report
+
+
+def _prepared_simulation(
+    model_path: str | os.PathLike[str],
+    hints: ShardHints,
+    hints_source: str,
+    ranks: int,
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    shapes: ShapeInference,
+) -> Simulation | ShardcheckError:
+    """The simulation, prepared while onnxruntime is still making the session of verify's own
+    runs (its stage sessions are made in the background beside it). It is used, and an error in
+    preparing it reported (hints that do not fit the model as SC203, else raised), only if the
+    model runs."""
+    try:
+        return Simulation(
+            model_path,
+            hints,
+            ranks=ranks,
+            index=index,
+            layers=gathered_by_q(layers),
+            shapes=shapes,
+            hints_source=hints_source,
+        )
+    except ShardcheckError as error:
+        return error
+
+
+def _dim_chooser(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    user_dims: dict[str, int],
+) -> DimChooser:
+    """The dims of each run. The sequence dims are those the attention's query axes carry,
+    found from the model, not from the hints under test (wrong hints would otherwise pick the
+    dim that is varied, and a wrong axis could pass); an encoder-decoder's encoder and decoder
+    lengths are two, both set to the run's length. (A length only keys have, a memory's, is
+    not varied: it may be held whole.) Where the attention's length is fixed (ViT's patches),
+    nothing is varied; only without attention do the hints decide."""
+    names = check_user_dims(index, user_dims)
+    sequences: list[str] = []
+    for layer in layers:
+        q_shape = shapes.shape(layer.q)
+        if q_shape is not None and layer.q_axis is not None:
+            dim = q_shape[layer.q_axis]
+            if isinstance(dim, str) and dim in names and dim not in sequences:
+                sequences.append(dim)
+    if not sequences:
+        # The attention axes did not resolve to a dim name: one non-batch dim among the inputs
+        # is still the model's own answer; only with several do the hints decide.
+        candidates = [name for name in names if not BATCH_LIKE.search(name)]
+        sequences = candidates if len(candidates) == 1 else []
+    for sequence in sequences:
+        if sequence in user_dims:
+            # Pinned, it would be the same in every run: nothing would show the sequence axes.
+            raise InputError(
+                f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is a "
+                "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
+            )
+    if not sequences and not layers:
+        return lambda length: resolve_dims(index, hints, length, user_dims)
+
+    def choose(length: int) -> dict[str, int]:
+        return {
+            name: user_dims.get(name, length if name in sequences else _default_dim(name))
+            for name in names
+        }
+
+    return choose
+
+
+def _refuse_unsplittable_lengths(
+    shapes: ShapeInference,
+    hints: ShardHints,
+    ranks: int,
+    seq_lens: Sequence[int],
+    choose: DimChooser,
+) -> None:
+    """InputError for a length at which a scattered axis is not a multiple of the ranks."""
+    # The dims a run's length sets: those that differ between two lengths.
+    first, second = choose(seq_lens[0]), choose(seq_lens[1])
+    lengths = [name for name, value in first.items() if second.get(name) != value]
+    found = {n: first_unsplittable(shapes, hints, ranks, choose(n), lengths) for n in seq_lens}
+    bad = {n: unsplit for n, unsplit in found.items() if unsplit is not None}
+    if not bad:
+        return
+    if all(size == n for n, (_, size) in bad.items()):
+        which = f"{listed([str(n) for n in bad])} {'is' if len(bad) == 1 else 'are'} not"
+        raise InputError(
+            f"--ranks {ranks}: every sequence length must be a multiple of the number of "
+            f"ranks ({which}); choose --seq-lens accordingly"
+        )
+    length, (tensor, size) = next(iter(bad.items()))
+    raise InputError(
+        f"--ranks {ranks}: at sequence length {length}, "
+        f"{unsplittable_message(tensor, size, ranks)}; choose --seq-lens accordingly"
+    )
+
+
+def _default_dim(name: str) -> int:
+    return BATCH_DIM_DEFAULT if BATCH_LIKE.search(name) else OTHER_DIM_DEFAULT
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+@dataclass(frozen=True)
+class _SimulationSettings:
+    ranks: int
+    rtol: float
+    atol: float
+    seed: int
+
+
+def _simulate(
+    simulation: Simulation,
+    settings: _SimulationSettings,
+    seq_lens: Sequence[int],
+    choose: DimChooser,
+    runtime: RuntimeCheck,
+    report: Report,
+    progress: Progress | None,
+) -> bool:
+    """Simulate CP at each length until one does not match; whether every one did."""
+    ranks = settings.ranks
+    for length in seq_lens:
+        if progress is not None:
+            progress(f"simulating CP on {ranks} ranks at sequence length {length}...")
+        ran = runtime.graph_outputs.get(length)
+        result = simulation.run(
+            length,
+            dims=choose(length),
+            rtol=settings.rtol,
+            atol=settings.atol,
+            seed=settings.seed,
+            reference=None if ran is None else ReferenceRun(ran[0], settings.seed, ran[1]),
+        )
+        report.runs.append(
+            {
+                "simulation": True,
+                "ranks": ranks,
+                "seq_len": length,
+                "ok": result.ok,
+            }
+        )
+        if result.ok:
+            report.add(
+                "SC202",
+                INFO,
+                "simulation",
+                f"{counted(ranks, 'simulated rank')} at length {length} "
+                f"{'matches' if ranks == 1 else 'match'} the single-device run "
+                f"(largest difference {result.max_abs_error:.3g})",
+                expected="match",
+                observed="match",
+            )
+        else:
+            report.add(
+                "SC201",
+                ERROR,
+                "simulation",
+                result.summary(),
+                tensor=result.mismatch.tensor if result.mismatch else "",
+                expected="match",
+                observed="differs",
+            )
+            return False
+    return True
