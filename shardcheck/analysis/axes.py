@@ -13,35 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardcheck.analysis.einsum import node_equation
-from shardcheck.analysis.shapes import ELEMENTWISE, ShapeInference, Size, size_of
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import Size, size_of
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
+from shardcheck.graph.ops import (
+    ELEMENTWISE,
+    LAYER_NORMALISATIONS,
+    MATMULS,
+    REDUCTIONS,
+    SKIP_NORMALISATIONS,
+    fused_attention_inputs,
+)
 
 AxisList = list[tuple[str, int]]
 _UNKNOWN = object()  # not in a memo yet
 
-NORMALISATIONS = frozenset(
-    [
-        "LayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "RMSNormalization",
-    ]
-)
-# Normalisations of the sum of their first two inputs (com.microsoft's, fused by onnxruntime's
-# transformer optimizer: the residual and the block's output, whose sum is also an output).
-SKIP_NORMALISATIONS = frozenset(["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
-REDUCTIONS = frozenset(
-    "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL2 ReduceSumSquare".split()
-)
-FUSED_ATTENTION = frozenset(["Attention", "MultiHeadAttention", "GroupQueryAttention"])
 # The ops whose input axes ``_aligned`` gives (or none at all, as Trilu).
-ALIGNED_OPS = (
-    ELEMENTWISE
-    | NORMALISATIONS
-    | frozenset(["Softmax", "LogSoftmax", "Dropout", "Identity", "Cast", "CastLike"])
-    | frozenset(["Concat", "Expand"])
-)
+ALIGNED_OPS = ELEMENTWISE | LAYER_NORMALISATIONS | frozenset(["Concat", "Expand"])
 
 
 def carries(dim: Dim, seq: Dim) -> bool:
@@ -86,14 +74,14 @@ class AxisMapper:
             if op == "Trilu":
                 return None
             return self._aligned(node.inputs, out_axis, out_rank)
-        if op in NORMALISATIONS:
+        if op in LAYER_NORMALISATIONS:
             first = node.attr("axis", -1) % out_rank
             normalised = node.inputs[: 2 if op in SKIP_NORMALISATIONS else 1]
             return None if out_axis >= first else self._aligned(normalised, out_axis, out_rank)
         if op == "Transpose":
             perm = node.attr("perm") or list(reversed(range(out_rank)))
             return [(node.inputs[0], perm[out_axis])]
-        if op in ("MatMul", "FusedMatMul"):
+        if op in MATMULS:
             return self._matmul(node, out_axis, out_rank)
         if op == "Einsum":
             return self._einsum(node, out_axis)
@@ -124,11 +112,13 @@ class AxisMapper:
             return [(node.inputs[0], out_axis)]
         if op in REDUCTIONS:
             return self._reduction(node, out_axis, out_rank)
-        if op in FUSED_ATTENTION and node.domain in ("", "ai.onnx", "com.microsoft"):
-            q_rank = self.shapes.rank(node.inputs[0])
+        fused = fused_attention_inputs(node.domain, op)
+        if fused is not None:
+            query = node.inputs[fused.q]
+            q_rank = self.shapes.rank(query)
             if q_rank is None or out_axis != out_rank - 2:
                 return None
-            return [(node.inputs[0], q_rank - 2)]
+            return [(query, q_rank - 2)]
         return None
 
     def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:

@@ -8,8 +8,8 @@ size does not: the symbol was replaced by a number.
 
 from __future__ import annotations
 
-from shardcheck.analysis.shapes import ShapeInference, size_of
-from shardcheck.analysis.symbolic import is_name
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import is_name, size_of
 from shardcheck.graph.index import Dim, GraphIndex, Node
 
 

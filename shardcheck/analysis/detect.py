@@ -12,13 +12,21 @@ layers too. Each Softmax is looked at within a bounded neighbourhood: linear in 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardcheck.analysis.einsum import context_roles, node_equation, score_roles
 from shardcheck.analysis.polygraphy import match_all
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.graph.index import SHAPE_OPS, Dim, GraphIndex, Node, raw_values
+from shardcheck.graph.index import Dim, GraphIndex, Node
+from shardcheck.graph.ops import (
+    MATMULS,
+    SHAPE_OPS,
+    FusedAttentionInputs,
+    fused_attention_inputs,
+)
+from shardcheck.graph.tensors import raw_values
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,18 +41,6 @@ RESHAPING_OPS = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flat
 KV_LAYOUT_OPS = frozenset("Transpose Reshape Mul Div Cast Identity Expand Unsqueeze Tile".split())
 MAX_SIDE_DEPTH = 8
 MAX_MASK_NODES = 80
-
-# Each fused op's Q, K and V inputs, and the input that masks its scores over queries and
-# keys, [..., query, key] (ONNX Attention's attn_mask; com.microsoft's attention_bias), if it
-# has one. Their masks over the keys only (key_padding_mask, mask_index) are no such input:
-# each rank reads them whole.
-FUSED_OPS: dict[tuple[str, str], tuple[int, int, int, int | None]] = {
-    ("", "Attention"): (0, 1, 2, 3),
-    ("ai.onnx", "Attention"): (0, 1, 2, 3),
-    ("com.microsoft", "MultiHeadAttention"): (0, 1, 2, 5),
-    ("com.microsoft", "GroupQueryAttention"): (0, 1, 2, None),
-    ("com.microsoft", "Attention"): (0, 0, 0, 5),
-}
 
 
 @dataclass(frozen=True)
@@ -77,6 +73,12 @@ class AttentionLayer:
     @property
     def polygraphy_recognises(self) -> bool:
         return bool(self.polygraphy_patterns)
+
+    @property
+    def packed(self) -> bool:
+        """Q, K and V computed from one input (a packed com.microsoft Attention): gathering
+        its K and V gathers its Q too, so every rank computes the layer whole."""
+        return self.q == self.gathered_k
 
 
 class _Unranked:
@@ -125,8 +127,8 @@ def _detect(
     for node in index.nodes:
         if node.op_type == "Softmax":
             layer = _decomposed(index, shapes, node, recognised, look_for_causal)
-        elif (node.domain, node.op_type) in FUSED_OPS:
-            layer = _fused(index, shapes, node, look_for_causal)
+        elif (fused := fused_attention_inputs(node.domain, node.op_type)) is not None:
+            layer = _fused(index, shapes, node, fused, look_for_causal)
         else:
             continue
         if layer is not None:
@@ -233,7 +235,7 @@ def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] |
         producer = index.producer_of(tensor)
         if producer is None:
             continue
-        if producer.op_type in ("MatMul", "FusedMatMul") and len(producer.inputs) >= 2:
+        if producer.op_type in MATMULS and len(producer.inputs) >= 2:
             return producer, path
         if producer.op_type == "Einsum" and len(producer.inputs) == 2:
             return producer, path
@@ -260,7 +262,7 @@ def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node],
             continue
         seen.add(tensor)
         for consumer in index.consumers_of(tensor):
-            if consumer.op_type in ("MatMul", "FusedMatMul") and consumer.inputs[0] == tensor:
+            if consumer.op_type in MATMULS and consumer.inputs[0] == tensor:
                 return consumer, passed, tensor
             if consumer.op_type == "Einsum" and len(consumer.inputs) == 2:
                 return consumer, passed, tensor
@@ -382,9 +384,13 @@ def _is_triangular(value: np.ndarray) -> bool:
 
 
 def _fused(
-    index: GraphIndex, shapes: ShapeInference | _Unranked, node: Node, look_for_causal: bool
+    index: GraphIndex,
+    shapes: ShapeInference | _Unranked,
+    node: Node,
+    inputs: FusedAttentionInputs,
+    look_for_causal: bool,
 ) -> tuple[int, AttentionLayer]:
-    q_pos, k_pos, v_pos, at = FUSED_OPS[(node.domain, node.op_type)]
+    q_pos, k_pos, v_pos, at = inputs
     q, k, v = node.inputs[q_pos], node.inputs[k_pos], node.inputs[v_pos]
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, k, v))
     mask = node.inputs[at] if at is not None and at < len(node.inputs) else ""
@@ -417,3 +423,11 @@ def _fused(
         masks=masks,
     )
     return node.index, layer
+
+
+def gathered_by_q(layers: Iterable[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
+    """Q -> (gathered K, gathered V) of each of ``layers`` with that Q."""
+    gathered: dict[str, list[tuple[str, str]]] = {}
+    for layer in layers:
+        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
+    return gathered

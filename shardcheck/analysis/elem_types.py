@@ -12,31 +12,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from shardcheck.graph import protos
+from shardcheck.graph.ops import BOOLEAN_OPS, REDUCTIONS, is_default_domain
 
 BOOL = protos.TensorProto.BOOL
 INT64 = protos.TensorProto.INT64
 FLOAT = protos.TensorProto.FLOAT
 
 # Every output has the type of the first input.
-_AS_FIRST_INPUT = frozenset(
+_AS_FIRST_INPUT = REDUCTIONS | frozenset(
     """Abs Acos Acosh Add Asin Asinh Atan Atanh Attention AveragePool BatchNormalization BitShift
     BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Ceil Celu Clip Col2Im Compress Concat Conv
     ConvTranspose Cos Cosh CumSum DepthToSpace Det Div Dropout Einsum Elu Erf Exp Expand Flatten
     Floor Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool HardSigmoid
     HardSwish Hardmax Identity InstanceNormalization LRN LayerNormalization LeakyRelu Log
     LogSoftmax LpNormalization MatMul Max MaxPool Mean Min Mish Mod Mul Neg PRelu Pad Pow Range
-    Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin
-    ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize ReverseSequence RMSNormalization
-    Round ScatterElements ScatterND Selu Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus
-    Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile Transpose
-    Trilu Unsqueeze Upsample""".split()
+    Reciprocal Relu Reshape Resize ReverseSequence RMSNormalization Round ScatterElements
+    ScatterND Selu Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign SpaceToDepth
+    Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile Transpose Trilu Unsqueeze
+    Upsample""".split()
 )
 # Only the first output has the first input's type; the others are statistics or masks.
 _FIRST_OUTPUT_ONLY = frozenset(
     "Attention BatchNormalization Dropout LayerNormalization MaxPool".split()
-)
-_BOOLEAN = frozenset(
-    "And Equal Greater GreaterOrEqual IsInf IsNaN Less LessOrEqual Not Or Xor".split()
 )
 _INT64 = frozenset("ArgMax ArgMin NonZero Shape Size".split())
 _CONSTANT_VALUES = {
@@ -58,14 +55,14 @@ def infer_elem_types(
     types = dict(known)
     for node in nodes:
         op = node.op_type
-        if op == same_as_input or (node.domain in ("", "ai.onnx") and op in _AS_FIRST_INPUT):
+        if op == same_as_input or (is_default_domain(node.domain) and op in _AS_FIRST_INPUT):
             first = types.get(node.input[0]) if node.input else None
             if first is None:
                 continue
             outputs = node.output[:1] if op in _FIRST_OUTPUT_ONLY else node.output
             types.update((name, first) for name in outputs if name)
             continue
-        if node.domain not in ("", "ai.onnx") or not node.output:
+        if not is_default_domain(node.domain) or not node.output:
             continue
         found = _output_type(node, types)
         if found is not None and node.output[0]:
@@ -75,7 +72,7 @@ def infer_elem_types(
 
 def _output_type(node: protos.NodeProto, types: Mapping[str, int]) -> int | None:
     op = node.op_type
-    if op in _BOOLEAN:
+    if op in BOOLEAN_OPS:
         return BOOL
     if op in _INT64:
         return INT64

@@ -1,4 +1,5 @@
-"""Polygraphy 0.53.6's two attention patterns, matched the way onnx-graphsurgeon matches them.
+"""Polygraphy 0.53.6's view of a model: its two attention patterns, matched the way
+onnx-graphsurgeon matches them, and its walk to the graph inputs and outputs a layer depends on.
 
 Pattern 0 is ``MatMul(q, k) -> Softmax -> MatMul(., v)``. Pattern 1 adds the scale that
 PyTorch's SDPA decomposition writes: ``Shape(q) -> Slice -> Cast -> Sqrt -> Cast -> Div(w, .)
@@ -10,10 +11,17 @@ node is used once per match. Matches are tried from every node in graph order.
 
 onnx-graphsurgeon 0.6 changed its consumer check so that pattern 1 never matches (it counts the
 second ``Sqrt`` as an outside consumer); this module follows 0.5.8, where it matches.
+
+Polygraphy walks back from each layer's second MatMul to every graph input it depends on, and
+forward to every graph output that depends on it. Its forward walk stops at a graph output: a
+tensor that is an output and also feeds later nodes is suggested, and what lies behind it is
+reached only by other paths. Both walks here are linear in the graph and give the tensors in
+the model's own input and output order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardcheck.graph.index import GraphIndex, Node
@@ -147,3 +155,35 @@ def match_all(index: GraphIndex, pattern: int) -> list[PatternMatch]:
         if match is not None:
             matches.append(match)
     return matches
+
+
+def dependent_graph_inputs(index: GraphIndex, starts: Iterable[Node]) -> list[str]:
+    return _dependent(index, starts, forward=False)
+
+
+def dependent_graph_outputs(index: GraphIndex, starts: Iterable[Node]) -> list[str]:
+    return _dependent(index, starts, forward=True)
+
+
+def _dependent(index: GraphIndex, starts: Iterable[Node], *, forward: bool) -> list[str]:
+    """The graph outputs (``forward``) or inputs reached from ``starts``, in the graph's order;
+    the walk does not go past one."""
+    in_order = index.graph_outputs if forward else index.graph_inputs
+    terminal = set(in_order)
+    found: set[str] = set()
+    seen: set[int] = set()
+    stack = [node.index for node in starts]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        node = index.nodes[current]
+        for tensor in node.outputs if forward else node.inputs:
+            if tensor in terminal:
+                found.add(tensor)
+            elif forward:
+                stack.extend(index.consumers.get(tensor, ()))
+            elif tensor in index.producer:
+                stack.append(index.producer[tensor])
+    return [name for name in in_order if name in found]

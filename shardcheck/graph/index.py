@@ -7,11 +7,8 @@ except for small constants that a pattern asks for by value.
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
-import struct
-import sys
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,21 +16,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardcheck.graph import protos
+from shardcheck.graph.ops import SHAPE_OPS, is_default_domain
 from shardcheck.graph.protos import full_onnx
+from shardcheck.graph.tensors import (
+    INTEGER_TYPES,
+    external_tensors,
+    locations_of,
+    raw_values,
+    tensor_value,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]
 
 # A constant whose value a pattern asks for is read only when it is this small.
 SMALL_CONSTANT_ELEMENTS = 4096
-# Ops whose output depends on their input's shape, not on its values.
-SHAPE_OPS = frozenset(["Shape", "Size"])
 
 _SIMPLE_ATTRIBUTES = {
     protos.AttributeProto.INT: "i",
@@ -42,50 +43,6 @@ _SIMPLE_ATTRIBUTES = {
     protos.AttributeProto.TENSOR: "t",
 }
 _EXTERNAL = protos.TensorProto.EXTERNAL
-_TENSOR = protos.AttributeProto.TENSOR
-_TENSORS = protos.AttributeProto.TENSORS
-_GRAPH = protos.AttributeProto.GRAPH
-_GRAPHS = protos.AttributeProto.GRAPHS
-_STRUCT_CODES = {
-    protos.TensorProto.FLOAT: "f",
-    protos.TensorProto.DOUBLE: "d",
-    protos.TensorProto.FLOAT16: "e",
-    protos.TensorProto.INT64: "q",
-    protos.TensorProto.INT32: "i",
-    protos.TensorProto.INT16: "h",
-    protos.TensorProto.INT8: "b",
-    protos.TensorProto.UINT64: "Q",
-    protos.TensorProto.UINT32: "I",
-    protos.TensorProto.UINT16: "H",
-    protos.TensorProto.UINT8: "B",
-    protos.TensorProto.BOOL: "?",
-}
-_LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
-INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
-
-
-@functools.cache
-def _raw_dtypes() -> dict[int, np.dtype[Any]]:
-    """Element types whose raw_data numpy reads as is (little-endian hosts); others go through
-    onnx.numpy_helper.to_array, which gives the same arrays more slowly. numpy is imported
-    here, when a constant's value is first read: most graphs never need one."""
-    import numpy as np
-
-    tensor = protos.TensorProto
-    return {
-        tensor.FLOAT: np.dtype(np.float32),
-        tensor.DOUBLE: np.dtype(np.float64),
-        tensor.FLOAT16: np.dtype(np.float16),
-        tensor.INT64: np.dtype(np.int64),
-        tensor.INT32: np.dtype(np.int32),
-        tensor.INT16: np.dtype(np.int16),
-        tensor.INT8: np.dtype(np.int8),
-        tensor.UINT64: np.dtype(np.uint64),
-        tensor.UINT32: np.dtype(np.uint32),
-        tensor.UINT16: np.dtype(np.uint16),
-        tensor.UINT8: np.dtype(np.uint8),
-        tensor.BOOL: np.dtype(np.bool_),
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +312,7 @@ class GraphIndex:
         source = self._constant_source(tensor)
         value = None
         if isinstance(source, protos.TensorProto):
-            value = _tensor_value(source)
+            value = tensor_value(source)
         elif source is not None:
             import numpy as np
 
@@ -400,7 +357,7 @@ class GraphIndex:
                 return None
             return None if math.prod(proto.dims) > SMALL_CONSTANT_ELEMENTS else proto
         node = self.producer_of(tensor)
-        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type != "Constant" or not is_default_domain(node.domain):
             return None
         for attribute in node.proto.attribute:
             if attribute.name == "value":
@@ -408,101 +365,3 @@ class GraphIndex:
             if attribute.name in ("value_float", "value_int", "value_floats", "value_ints"):
                 return attribute
         return None
-
-
-def raw_values(
-    tensor: onnx.TensorProto, count: int, *, whole: bool = False
-) -> tuple[Any, ...] | None:
-    """The first ``count`` values of an inline tensor stored as little-endian raw_data, read
-    with struct (no numpy, nor the rest of the data); with ``whole``, only when the tensor
-    holds exactly ``count``. None when it is stored otherwise."""
-    code = _STRUCT_CODES.get(tensor.data_type)
-    if (
-        code is None
-        or not _LITTLE_ENDIAN
-        or tensor.data_location == _EXTERNAL
-        or not tensor.HasField("raw_data")
-    ):
-        return None
-    layout = _LAYOUTS.get((count, code))
-    if layout is None:
-        layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
-    raw = tensor.raw_data
-    if len(raw) < layout.size or (whole and len(raw) != layout.size):
-        return None
-    return layout.unpack_from(raw)
-
-
-def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
-    """``numpy_helper.to_array`` of an inline tensor, reading raw_data directly when it can."""
-    import numpy as np
-
-    dtype = _raw_dtypes().get(tensor.data_type)
-    if (
-        dtype is not None
-        and _LITTLE_ENDIAN
-        and tensor.HasField("raw_data")
-        and not tensor.HasField("segment")
-    ):
-        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
-    return full_onnx().numpy_helper.to_array(tensor)
-
-
-def external_locations(model: onnx.ModelProto) -> set[str]:
-    """The files that hold the model's external tensors (locations relative to the model):
-    those of its main graph, its subgraphs (If, Loop, Scan bodies) and its functions."""
-    return locations_of(external_tensors(model))
-
-
-def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    return [tensor for tensor in model_tensors(model) if tensor.data_location == _EXTERNAL]
-
-
-def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of the model's graphs and functions, in a fixed order."""
-    yield from _graph_tensors(model.graph)
-    for function in model.functions:
-        yield from node_tensors(function.node)
-
-
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    yield from node_tensors(graph.node)
-
-
-def node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
-    """The tensors in the attributes of ``nodes``, their subgraphs' included."""
-    for node in nodes:
-        for attribute in node.attribute:
-            yield from attribute_tensors(attribute)
-
-
-def attribute_tensors(attribute: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
-    kind = attribute.type
-    if kind == _TENSOR:
-        yield attribute.t
-    elif kind == _TENSORS:
-        yield from attribute.tensors
-    else:
-        for graph in attribute_graphs(attribute):
-            yield from _graph_tensors(graph)
-
-
-def attribute_graphs(attribute: onnx.AttributeProto) -> Sequence[onnx.GraphProto]:
-    """The subgraphs an attribute holds (If's branches, Loop's and Scan's bodies)."""
-    kind = attribute.type
-    if kind == _GRAPH:
-        return (attribute.g,)
-    if kind == _GRAPHS:
-        return attribute.graphs
-    return ()
-
-
-def locations_of(tensors: Iterable[onnx.TensorProto]) -> set[str]:
-    """The files that external ``tensors`` name in their ``location`` entries."""
-    return {
-        entry.value
-        for tensor in tensors
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }

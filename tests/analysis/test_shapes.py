@@ -11,17 +11,19 @@ from conftest import FIXTURE_MODELS, FIXTURES, embedded_bert_layer
 from onnx import helper as oh
 from onnx import numpy_helper
 
-from shardcheck.analysis.shapes import (
-    ShapeInference,
-    _broadcast,
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import (
     _divide,
-    _shifted,
-    _window_count,
+    broadcast,
     reshape_dims,
+    shifted,
     size_of,
+    window_count,
 )
 from shardcheck.graph.index import GraphIndex, Shape
 from shardcheck.graph.loader import load_index
+from shardcheck.graph.ops import REDUCTIONS
 
 
 @pytest.mark.parametrize(
@@ -201,7 +203,7 @@ def test_strided_convolutions_and_trims_keep_the_length_symbolic() -> None:
     ],
 )
 def test_broadcasting_an_unknown_dim(shapes: list[Shape], expected: Shape) -> None:
-    assert _broadcast(shapes) == expected
+    assert broadcast(shapes) == expected
 
 
 def _last_tokens(start_known: bool) -> onnx.ModelProto:
@@ -283,16 +285,37 @@ def test_pad_grows_each_axis_by_its_pads(
     assert shapes.shape("padded") == expected
 
 
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_every_reduction_keeps_the_axes_it_does_not_reduce(op: str, keepdims: int) -> None:
+    # One table of reductions serves shapes and axes: none is known to one and not the other.
+    graph = oh.make_graph(
+        [oh.make_node(op, ["x", "axes"], ["reduced"], keepdims=keepdims)],
+        "reduce",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "sequence", 8])],
+        [oh.make_tensor_value_info("reduced", onnx.TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array([2], dtype=np.int64), "axes")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model.ir_version = 8
+    index = GraphIndex(model)
+    shapes = ShapeInference(index)
+    assert shapes.shape("reduced") == ("batch", "sequence", 1)[: 3 if keepdims else 2]
+    mapper = AxisMapper(index, shapes, "sequence")
+    assert mapper.input_axes(index.nodes[0], 1) == [("x", 1)]
+    assert mapper.input_axes(index.nodes[0], 2) is None
+
+
 def test_lengths_too_long_to_read_become_unknown() -> None:
     # A hostile dim_param: 200k characters of trailing terms would be folded one recursion per
     # term. Past 256 characters a dim is not read as an expression: unknown, no error.
     hostile = "s" + " + 1" * 50_000
-    assert _shifted(hostile, -1) is None
-    assert _window_count(hostile, -3, 2) is None
-    assert _shifted("s" * 300, 1) is None
-    assert _shifted("s" * 254, 10) is None  # 259 characters: the result would pass the limit
-    assert _shifted("s + 3", -3) == "s"
-    assert _window_count("s", -3, 2) == "(s - 3)//2 + 1"
+    assert shifted(hostile, -1) is None
+    assert window_count(hostile, -3, 2) is None
+    assert shifted("s" * 300, 1) is None
+    assert shifted("s" * 254, 10) is None  # 259 characters: the result would pass the limit
+    assert shifted("s + 3", -3) == "s"
+    assert window_count("s", -3, 2) == "(s - 3)//2 + 1"
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,9 @@ from onnx import numpy_helper
 
 from shardcheck.analysis.detect import _is_triangular, _may_be_triangular_constant
 from shardcheck.graph import protos
-from shardcheck.graph.index import GraphIndex, raw_values
+from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import _run_checker, load_index, parse_model
+from shardcheck.graph.tensors import raw_values
 
 
 def assert_prints_ok(code: str) -> None:

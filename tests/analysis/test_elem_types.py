@@ -12,16 +12,13 @@ from conftest import FIXTURES, read_json
 from onnx import TensorProto, helper
 
 from shardcheck.analysis.elem_types import infer_elem_types
+from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.model import ShardHints
-from shardcheck.runtime.feeds import (
-    BATCH_LIKE,
-    graph_input_dims,
-    make_feeds,
-    resolve_dims,
-    run_model,
-)
-from shardcheck.simulation.simulator import untyped_output
+from shardcheck.runtime.feeds import make_feeds
+from shardcheck.runtime.sessions import run_model
+from shardcheck.runtime.sizes import graph_input_dims, resolve_dims
+from shardcheck.simulation.plan import untyped_output
 
 REAL = sorted((FIXTURES / "real").glob("*.onnx"))
 # A model that runs at one length only (TRUTH.json's traced_seq_len) is run at that length.
