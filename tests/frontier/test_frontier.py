@@ -14,20 +14,17 @@ from shardcheck import GenOptions, generate, simulate
 from shardcheck.analysis.axes import AxisMapper, _blocks
 from shardcheck.analysis.detect import AttentionLayer, detect_attention
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.frontier.search import (
-    SHAPE_OPS,
-    Frontier,
-    _must_be_whole,
-    _Region,
-    _ShapeSources,
-    _SlicedTest,
-    _without_sequence,
-    data_derived,
-    find_frontier,
-)
+from shardcheck.frontier.exactness import _without_sequence
+from shardcheck.frontier.region import Region
+from shardcheck.frontier.result import Frontier
+from shardcheck.frontier.search import data_derived, find_frontier
+from shardcheck.frontier.sliced import SlicedTest
+from shardcheck.frontier.sources import ShapeSources
+from shardcheck.frontier.tensor_ids import TensorIds
+from shardcheck.frontier.whole import must_be_whole
 from shardcheck.graph.index import Dim, GraphIndex, Node
 from shardcheck.graph.loader import load_index
-from shardcheck.graph.tensor_ids import TensorIds
+from shardcheck.graph.ops import SHAPE_OPS
 
 SEQ = "sequence_length"
 REAL = FIXTURES / "real"
@@ -73,7 +70,7 @@ def _frontier_of(model: onnx.ModelProto) -> tuple[GraphIndex, Frontier]:
 
 def test_a_gathered_output_that_also_feeds_position_wise_ops_is_warned_about_once() -> None:
     _, frontier = _frontier_of(_attention_whose_output_also_feeds_a_position_wise_op())
-    assert [(t.name, t.axis) for t in frontier.outputs] == [("out", 1), ("activated", 1)]
+    assert [(t.name, t.seq_len_idx) for t in frontier.outputs] == [("out", 1), ("activated", 1)]
     about_out = [w for w in frontier.warnings if w.startswith("out is gathered")]
     assert about_out == [
         "out is gathered (a graph output) but also feeds position-wise ops, which would then "
@@ -289,7 +286,7 @@ def test_a_cut_computed_from_the_length_of_a_scattered_q_is_warned_of(
     # at len(keys) - len(local queries) on every rank. K is gathered: its length is whole.
     model = _window_mask_sliced_from_row(queries_of)
     index, frontier = _frontier_of(model)
-    assert ("seen", 0) in {(t.name, t.axis) for t in frontier.inputs}
+    assert ("seen", 0) in {(t.name, t.seq_len_idx) for t in frontier.inputs}
     warning = (
         "no exact cut at seen: it is computed whole and scattered, but query_shape gives it the "
         "length of q, which each rank holds a slice of; CP may not be exact"
@@ -381,10 +378,10 @@ def test_an_output_joined_with_a_tensor_every_rank_holds_whole_is_gathered_befor
     # walk forward, knowing that gather, can tell.
     model = _attention_beside_a_running_sum(layers, transposed=transposed)
     index, frontier = _frontier_of(model)
-    assert [(t.name, t.axis) for t in frontier.inputs] == [
+    assert [(t.name, t.seq_len_idx) for t in frontier.inputs] == [
         (f"{p}{n}", 1) for n in range(layers) for p in "qkv"
     ]
-    assert [(t.name, t.axis) for t in frontier.outputs] == [
+    assert [(t.name, t.seq_len_idx) for t in frontier.outputs] == [
         (f"context{n}", 1) for n in range(layers)
     ]
     assert frontier.warnings == []
@@ -489,7 +486,7 @@ def test_what_the_region_reads_broadcast_along_the_walk_is_whole_if_ranks_would_
     # the real exports fixtures/real/*_pair_mask_encoder.onnx take; `kept` on the other).
     model = _mask_over_queries_and_keys(queries_from_keys=queries_from_keys)
     index, frontier = _frontier_of(model)
-    assert [(t.name, t.axis) for t in frontier.inputs] == [("x", 1), (scattered, 1)]
+    assert [(t.name, t.seq_len_idx) for t in frontier.inputs] == [("x", 1), (scattered, 1)]
     for ranks in (2, 4):
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
@@ -538,12 +535,12 @@ def test_a_reshape_that_spells_out_a_fixed_length_takes_no_slice(tmp_path: Path)
     # scattered after the split and gathered before the merge.
     model = _static_heads()
     index, frontier = _frontier_of(model)
-    assert [(t.name, t.axis) for t in frontier.inputs] == [
+    assert [(t.name, t.seq_len_idx) for t in frontier.inputs] == [
         ("q_split", 1),
         ("k_split", 1),
         ("v_split", 1),
     ]
-    assert [(t.name, t.axis) for t in frontier.outputs] == [("tokens", 1)]
+    assert [(t.name, t.seq_len_idx) for t in frontier.outputs] == [("tokens", 1)]
     for ranks in (2, 4):
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
@@ -594,8 +591,8 @@ def test_a_skip_layer_normalisation_maps_its_skip_input_too(tmp_path: Path) -> N
     # scattered once, the output gathered once, as without the fusion.
     model = _skip_layer_norm_between_layers()
     index, frontier = _frontier_of(model)
-    assert [(t.name, t.axis) for t in frontier.inputs] == [("x", 1)]
-    assert [(t.name, t.axis) for t in frontier.outputs] == [("y", 1)]
+    assert [(t.name, t.seq_len_idx) for t in frontier.inputs] == [("x", 1)]
+    assert [(t.name, t.seq_len_idx) for t in frontier.outputs] == [("y", 1)]
     assert not frontier.warnings
     for ranks in (2, 4):
         assert _simulation_is_exact(model, index, tmp_path, ranks)
@@ -637,7 +634,7 @@ def test_features_of_the_next_position_are_joined_whole_then_scattered(tmp_path:
     # is computed whole and scattered. It once lost its shape at the Pad, and with it the cut.
     model = _next_token_paired()
     index, frontier = _frontier_of(model)
-    assert [(t.name, t.axis, t.rank) for t in frontier.inputs] == [("pair", 1, 3)]
+    assert [(t.name, t.seq_len_idx, t.rank) for t in frontier.inputs] == [("pair", 1, 3)]
     for ranks in (2, 4):
         assert _simulation_is_exact(model, index, tmp_path, ranks)
 
@@ -671,7 +668,7 @@ def test_sliced_test_agrees_with_following_the_cuts_forward(name: str) -> None:
     for cut in (set(index.graph_inputs), {layer.q for layer in layers}):
         expected = _sliced_by_following_every_cut_forward(index, cut)
         ids = TensorIds(index)
-        test = _SlicedTest(ids, [ids.id[name] for name in cut])
+        test = SlicedTest(ids, [ids.id[name] for name in cut])
         # Asked in reverse graph order, so that the memo is used deep in the graph first.
         # Every tensor a node reads or computes has an id; the others (weights no node
         # reads) are computed from nothing.
@@ -745,11 +742,11 @@ def test_a_length_reaching_a_cut_through_the_shape_of_an_unsliced_tensor_is_whol
     ids = TensorIds(index)
     cut = {"x": 0, "k": 0}
     # The Relu (node 0) is in the region: x is read inside it only.
-    region = _Region.of(ids, {**cut, "t": 0}, {0}, cut)
-    assert _must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
+    region = Region.of(ids, {**cut, "t": 0}, {0}, cut)
+    assert must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
 
 
-def _cut_fed_by_a_slice(*, through: str | None) -> tuple[GraphIndex, TensorIds, _Region]:
+def _cut_fed_by_a_slice(*, through: str | None) -> tuple[GraphIndex, TensorIds, Region]:
     """x is scattered; the Relu computing t is in the region, so each rank holds a slice of
     t; the cut k is made by a Softmax (computed whole on every rank) from t, or from a Neg of
     t (``through``) that the region does not hold."""
@@ -768,7 +765,7 @@ def _cut_fed_by_a_slice(*, through: str | None) -> tuple[GraphIndex, TensorIds, 
     index = GraphIndex(oh.make_model(graph))
     ids = TensorIds(index)
     cut = {"x": 0, "k": 0}
-    return index, ids, _Region.of(ids, {**cut, "t": 0}, {0}, cut)
+    return index, ids, Region.of(ids, {**cut, "t": 0}, {0}, cut)
 
 
 @pytest.mark.parametrize("through", [None, "u"])
@@ -776,7 +773,7 @@ def test_a_region_tensor_a_cut_is_computed_from_is_whole(through: str | None) ->
     # Directly, or through u, which is computed from the slice of t and so is a slice too:
     # the Softmax would read a slice where it needs the whole of t.
     index, ids, region = _cut_fed_by_a_slice(through=through)
-    assert _must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
+    assert must_be_whole(index, ids, region, set(), bytearray(len(ids.names))) == {"t"}
 
 
 def test_a_cut_another_cut_is_computed_from_after_the_layers_is_whole() -> None:
@@ -785,8 +782,8 @@ def test_a_cut_another_cut_is_computed_from_after_the_layers_is_whole() -> None:
     # slice of x, through t.
     index, ids, _ = _cut_fed_by_a_slice(through=None)
     cut = {"x": 0, "k": 0}
-    region = _Region.of(ids, dict(cut), set(), cut)
-    assert _must_be_whole(index, ids, region, {0}, bytearray(len(ids.names))) == {"x"}
+    region = Region.of(ids, dict(cut), set(), cut)
+    assert must_be_whole(index, ids, region, {0}, bytearray(len(ids.names))) == {"x"}
 
 
 @pytest.mark.parametrize("through", [None, "u"])
@@ -796,7 +793,7 @@ def test_a_layer_output_a_cut_is_computed_from_is_left_to_the_gathers(
     # An attention layer's output reaches what follows it through the gathered tensors.
     index, ids, region = _cut_fed_by_a_slice(through=through)
     layer_outputs = ids.flags(["t"])
-    assert _must_be_whole(index, ids, region, set(), layer_outputs) == set()
+    assert must_be_whole(index, ids, region, set(), layer_outputs) == set()
 
 
 def test_sliced_test_ends_on_a_cycle() -> None:
@@ -811,15 +808,15 @@ def test_sliced_test_ends_on_a_cycle() -> None:
         [oh.make_tensor_value_info("b", TensorProto.FLOAT, [2])],
     )
     ids = TensorIds(GraphIndex(oh.make_model(graph)))
-    assert _SlicedTest(ids, [ids.id["x"]])(ids.id["b"]) is True
-    assert _SlicedTest(ids, [])(ids.id["b"]) is False
+    assert SlicedTest(ids, [ids.id["x"]])(ids.id["b"]) is True
+    assert SlicedTest(ids, [])(ids.id["b"]) is False
 
 
 @pytest.mark.parametrize("name", REAL_NAMES)
 def test_sizable_nodes_are_those_with_an_input_computed_from_a_shape(name: str) -> None:
     index = load_index(REAL / name)
     derived = data_derived(index)
-    sources = _ShapeSources(index, TensorIds(index), derived)
+    sources = ShapeSources(index, TensorIds(index), derived)
     # The definition, through the memoised source sets of each input.
     expected = {
         node.index

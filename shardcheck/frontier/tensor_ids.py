@@ -1,10 +1,9 @@
-"""Every tensor of a graph as a small integer, for walks over the whole graph.
+"""Every tensor of a graph as a small integer, for the frontier's walks over the whole graph.
 
 The frontier's rounds walk back over the whole graph several times. Over names (sets and dicts
-of strings, each step a hash lookup and a hop to the producer's node object), a walk slows per
-node as the graph outgrows the processor's caches: on a 32k-node graph each step costs twice
-what it does on a 2k-node one. Over integers, with lists indexed by them and flags in
-bytearrays, it costs the same at both sizes, and 4-5x less at 32k nodes.
+of strings, each step a hash lookup and a hop to the producer's node object), a step costs more
+as the graph outgrows the processor's caches; over integers, with lists indexed by them and
+flags in bytearrays, it costs the same whatever the graph's size.
 """
 
 from __future__ import annotations
@@ -12,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import chain
 
-from shardcheck.graph.index import SHAPE_OPS, GraphIndex
+from shardcheck.graph.index import GraphIndex
+from shardcheck.graph.ops import SHAPE_OPS
 
 
 class TensorIds:

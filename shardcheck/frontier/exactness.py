@@ -1,0 +1,221 @@
+"""The "no exact cut" warnings: places where, once the frontier is found, no cut makes CP
+exact (a scattered tensor computed from a slice, a layer's inside sized by the wrong length,
+a cut given the length of a slice).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import mentions
+from shardcheck.frontier.gathers import gathered_kv
+from shardcheck.frontier.region import Region
+from shardcheck.frontier.sliced import SlicedTest
+from shardcheck.frontier.sources import ShapeSources, size_source_off_region
+from shardcheck.frontier.tensor_ids import TensorIds
+from shardcheck.graph.index import Dim, GraphIndex
+from shardcheck.graph.ops import SHAPE_OPS
+
+
+def warn_no_exact_cut(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    mapper: AxisMapper,
+    layers: list[AttentionLayer],
+    sources: ShapeSources,
+    region: Region,
+    gathered: dict[str, int],
+    cut_lengths: list[tuple[int, int]],
+    seq: Dim | None,
+    warnings: list[str],
+) -> None:
+    """Appends to ``warnings`` each place the final ``region`` and ``gathered`` leave without an
+    exact cut. ``cut_lengths``: the cuts whose length a cut is computed from, with the Shape's
+    output (ids), as the last round's must_be_whole found them."""
+    tensors = set(region.tensors)
+    _warn_cuts_from_slices(index, layers, region.cut, gathered, warnings)
+    _warn_layer_insides(index, layers, sources, tensors, region.cut, warnings)
+    _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
+    _warn_cut_lengths(index, shapes, layers, sources.ids, region, cut_lengths, seq, warnings)
+
+
+def _warn_cuts_from_slices(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    cut: dict[str, int],
+    gathered: dict[str, int],
+    warnings: list[str],
+) -> None:
+    """Follow what each rank holds in slices, from the scattered tensors to the gathered ones;
+    a scattered tensor computed from a slice means no cut makes CP exact there."""
+    whole_when_read = set(gathered) | gathered_kv(layers)
+    sliced = set(cut)
+    for node in index.nodes:
+        if node.op_type in SHAPE_OPS or sliced.isdisjoint(node.inputs):
+            continue
+        reads = [name for name in node.inputs if name in sliced and name not in whole_when_read]
+        if not reads:
+            continue
+        for output in node.outputs:
+            if output in cut:
+                warnings.append(
+                    f"no exact cut at {output}: it is scattered, but {node.label} computes it "
+                    f"from {reads[0]}, which each rank holds a slice of; CP may not be exact"
+                )
+            elif output:
+                sliced.add(output)
+
+
+def _warn_layer_insides(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    sources: ShapeSources,
+    region: set[str],
+    cut: dict[str, int],
+    warnings: list[str],
+) -> None:
+    """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
+    sized by the Shape of a tensor off the region gets the wrong length next to the scores:
+    the whole one for a tensor the cuts leave whole (Bloom reshapes its scores with such a
+    length), a slice's for one computed from a slice off the walk (MPT slices its ALiBi bias to
+    the length of a transposed copy of K, before K is gathered)."""
+    sliced = SlicedTest(sources.ids, [sources.ids.id[name] for name in cut])
+    for layer in layers:
+        for node_index in layer.internal:
+            node = index.nodes[node_index]
+            source = (
+                None if node.op_type in SHAPE_OPS else size_source_off_region(node, sources, region)
+            )
+            if source is None:
+                continue
+            held = (
+                "each rank holds a slice of"
+                if sliced(sources.ids.id[source])
+                else "every rank holds whole"
+            )
+            warnings.append(
+                f"no exact cut inside layer {layer.name}: {node.label} is sized by the length "
+                f"of {source}, which {held}; CP may not be exact"
+            )
+            break
+
+
+def _warn_key_lengths(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    mapper: AxisMapper,
+    layers: list[AttentionLayer],
+    sources: ShapeSources,
+    region: set[str],
+    warnings: list[str],
+) -> None:
+    """Inside a layer the keys are whole (K and V are gathered): a node there sized along the
+    key axis (the last) by the Shape of K or V before the gather, which ranks hold slices of
+    (``region``), gets each rank's local length instead (BART-style exports reshape the
+    scores with the length of K's own reshape)."""
+    id_of, names = sources.ids.id, sources.ids.names
+    for layer in layers:
+        before_gather = {
+            id_of[name]
+            for k_or_v, gathered in ((layer.k, layer.gathered_k), (layer.v, layer.gathered_v))
+            for name in _layout_chain(index, sources.derived, k_or_v, gathered)
+            if name in region
+        }
+        for node_index in layer.internal:
+            node = index.nodes[node_index]
+            rank = shapes.rank(node.outputs[0]) if node.outputs else None
+            if node_index not in sources.sizable or not rank:
+                continue
+            sized_by = sources.sizing(node_index, rank - 1, mapper) & before_gather
+            if sized_by:
+                warnings.append(
+                    f"no exact cut inside layer {layer.name}: {node.label} is sized along the "
+                    f"keys by the length of {names[min(sized_by)]}, which each rank holds a "
+                    "slice of before K and V are gathered; CP may not be exact"
+                )
+                break
+
+
+def _layout_chain(index: GraphIndex, derived: set[str], start: str, end: str) -> list[str]:
+    """The tensors from ``start`` (K or V) up to ``end`` (what CP gathers), without it: back
+    from ``end`` through each producer's data input."""
+    chain: list[str] = []
+    current = end
+    for _ in range(32):
+        producer = index.producer_of(current)
+        if current == start or producer is None:
+            break
+        data = [name for name in producer.inputs if name in derived]
+        if not data:
+            break
+        current = data[0]
+        chain.append(current)
+    return chain
+
+
+def _warn_cut_lengths(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    ids: TensorIds,
+    region: Region,
+    cut_lengths: list[tuple[int, int]],
+    seq: Dim | None,
+    warnings: list[str],
+) -> None:
+    """A cut is computed whole on every rank, then scattered; one computed from the length of
+    another cut reads it after the scatter: a slice's length, where it needs the whole one.
+    That cut cannot move forward when it is the query side of a layer (TorchScript's GPT-Neo
+    slices its causal mask from row ``len(K) - len(Q)``), so no exact cut is left. The gathered
+    K and V are whole when read, and a length that the sequence does not reach (a batch or a
+    head size) is harmless."""
+    gathered = gathered_kv(layers)
+    warned: set[int] = set()
+    for read, shape_output in sorted(set(cut_lengths)):
+        if read in warned or ids.names[read] in gathered:
+            continue
+        sized = _cut_sized_by(index, shapes, region, ids.names[shape_output], seq)
+        if sized is None:
+            continue
+        warned.add(read)
+        shape_node = index.nodes[ids.producer[shape_output]]
+        warnings.append(
+            f"no exact cut at {sized}: it is computed whole and scattered, but "
+            f"{shape_node.label} gives it the length of {ids.names[read]}, which each rank "
+            "holds a slice of; CP may not be exact"
+        )
+
+
+def _cut_sized_by(
+    index: GraphIndex, shapes: ShapeInference, region: Region, length: str, seq: Dim | None
+) -> str | None:
+    """The first cut that ``length`` (a Shape's output) sizes along a path the sequence length
+    may take: forward through tensors off the region, leaving those whose value is known and
+    holds no ``seq``."""
+    cut, tensors = region.cut, region.tensors
+    queue = deque([length])
+    seen = {length}
+    while queue:
+        tensor = queue.popleft()
+        for consumer in index.consumers_of(tensor):
+            for output in consumer.outputs:
+                if not output or output in seen:
+                    continue
+                seen.add(output)
+                if output in cut:
+                    return output
+                if output in tensors or _without_sequence(shapes.value(output), seq):
+                    continue
+                queue.append(output)
+    return None
+
+
+def _without_sequence(value: tuple[Dim, ...] | None, seq: Dim | None) -> bool:
+    """Whether a shape-like value is known and none of its dims is, or is computed from, the
+    sequence length ``seq``."""
+    if value is None or not isinstance(seq, str):
+        return False
+    return all(dim is not None and not mentions(dim, seq) for dim in value)

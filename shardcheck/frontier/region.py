@@ -1,0 +1,137 @@
+"""The backward walk of a round: the region CP shards, walked back from the seeds.
+
+From Q, K, V and the query side of the masks, back through position-wise ops, to where the
+walk stops: a graph input, a tensor computed from shapes and constants alone, a tensor that
+must be whole, or an op that mixes positions. Those stops are the cuts (the tensors to
+scatter).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.frontier.tensor_ids import TensorIds
+from shardcheck.graph.index import GraphIndex
+
+# The mapper's answer not asked yet (None is an answer: the op mixes positions).
+_NOT_ASKED: list[tuple[int, int]] = []
+
+
+class BackWalk:
+    """The region of a round: everything walked back from the seeds through position-wise
+    ops, with the axis each tensor carries, the nodes computing it, and where the walk
+    stopped (the cuts). It runs on tensor ids (see TensorIds); the mapper's answers, as ids,
+    are kept for the later rounds."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        mapper: AxisMapper,
+        ids: TensorIds,
+        derived: bytearray,
+        layer_outputs: dict[str, AttentionLayer],
+    ) -> None:
+        self.index = index
+        self.mapper = mapper
+        self.ids = ids
+        self.derived = derived  # flags by tensor id
+        self.layer_outputs = {ids.id[name]: layer for name, layer in layer_outputs.items()}
+        self.mapped: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+        # What the node reads beside the mapped inputs (broadcast along the axis walked),
+        # computed from data: each rank reads it as it holds it.
+        self.beside: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def walk(self, seeds: list[tuple[str, int]], whole: set[str]) -> Region:
+        """The region walked back from ``seeds``, stopping at the tensors of ``whole`` (to be
+        computed whole on every rank) and at those a node computes from one of them."""
+        ids = self.ids
+        id_of, names = ids.id, ids.names
+        whole_flags = ids.flags(whole)
+        region: dict[int, int] = {}
+        region_nodes: set[int] = set()
+        cut: dict[int, int] = {}
+        queue = deque([(id_of[name], axis) for name, axis in seeds])
+        pop, extend = queue.popleft, queue.extend
+        producers, nodes, derived = ids.producer, self.index.nodes, self.derived
+        layer_outputs, known, beside_known = self.layer_outputs, self.mapped, self.beside
+        input_axes = self.mapper.input_axes
+        parents = ids.parents
+        read_beside: list[int] = []
+        while queue:
+            tensor, axis = pop()
+            if tensor in region:
+                continue
+            region[tensor] = axis
+            layer = layer_outputs.get(tensor)
+            if layer is not None:
+                # An earlier layer: its inside is sliced along the query axis and its Q, K, V
+                # and masks are seeds of their own.
+                region_nodes.update(layer.internal)
+                continue
+            producer_index = producers[tensor]
+            if producer_index < 0 or not derived[tensor] or whole_flags[tensor]:
+                cut[tensor] = axis
+                continue
+            key = (producer_index, axis)
+            mapped = known.get(key, _NOT_ASKED)
+            if mapped is _NOT_ASKED:
+                producer = nodes[producer_index]
+                found = None if producer.op_type == "Constant" else input_axes(producer, axis)
+                mapped = known[key] = (
+                    None if found is None else [(id_of[name], at) for name, at in found]
+                )
+                if mapped is not None:
+                    along = {name for name, _ in mapped}
+                    unmapped = tuple(
+                        name
+                        for name in parents[tensor] or ()
+                        if derived[name] and name not in along
+                    )
+                    if unmapped:
+                        beside_known[key] = unmapped
+            if mapped is not None:
+                for name, _ in mapped:
+                    if whole_flags[name]:
+                        break
+                else:
+                    region_nodes.add(producer_index)
+                    extend(mapped)
+                    if key in beside_known:
+                        read_beside.extend(beside_known[key])
+                    continue
+            cut[tensor] = axis
+        in_region = bytearray(len(names))
+        for tensor in region:
+            in_region[tensor] = 1
+        return Region(
+            {names[tensor]: axis for tensor, axis in region.items()},
+            region_nodes,
+            {names[tensor]: axis for tensor, axis in cut.items()},
+            in_region,
+            list(cut),
+            read_beside,
+        )
+
+
+@dataclass(frozen=True)
+class Region:
+    """What a round's walk back reached: the tensors (with the axis each carries), the
+    nodes computing them, and the cuts; the tensors and cuts as ids too. ``read_beside``:
+    the data tensors its nodes read broadcast along the axis walked (ids)."""
+
+    tensors: dict[str, int]
+    nodes: set[int]
+    cut: dict[str, int]
+    in_region: bytearray  # by tensor id
+    cut_ids: list[int]
+    read_beside: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, ids: TensorIds, tensors: dict[str, int], nodes: set[int], cut: dict[str, int]
+    ) -> Region:
+        """A region given by name, with nothing read beside the walk."""
+        return cls(tensors, nodes, cut, ids.flags(tensors), [ids.id[name] for name in cut])

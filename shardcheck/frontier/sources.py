@@ -1,0 +1,121 @@
+"""Shape sources: the tensors whose Shape a shape-like tensor (one computed from shapes and
+constants alone) is computed from, and the nodes such a tensor sizes.
+
+A node whose target shape (a Reshape's, an Expand's, a Slice's ends) comes from the Shape of a
+tensor no rank slices gets that tensor's whole length: CP cannot cut before it.
+"""
+
+from __future__ import annotations
+
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.frontier.tensor_ids import TensorIds
+from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.graph.ops import SHAPE_OPS
+
+_NO_SOURCES: frozenset[int] = frozenset()
+
+
+class ShapeSources:
+    """For a shape-like tensor (computed from shapes and constants), the tensors whose Shape
+    it is computed from. Memoised, so the whole analysis stays linear; on tensor ids (see
+    TensorIds), by name for the few questions asked by name."""
+
+    def __init__(self, index: GraphIndex, ids: TensorIds, derived: set[str]) -> None:
+        self.index = index
+        self.ids = ids
+        self.derived = derived
+        self.derived_flags = ids.flags(derived)
+        self._memo: list[frozenset[int] | None] = [None] * len(ids.names)
+        self.sizing_memo: dict[tuple[int, int], frozenset[int]] = {}
+        # The nodes with an input computed from some tensor's Shape (one whose ``of`` is not
+        # empty): only these can be sized by one. Most nodes have none (their other inputs are
+        # weights and constants); every round skips them at once. One pass in graph order.
+        from_shapes: set[str] = set()
+        self.sizable: set[int] = set()
+        for node in index.nodes:
+            if node.op_type in SHAPE_OPS:
+                from_shapes.update(node.outputs)
+            elif not from_shapes.isdisjoint(node.inputs) and any(
+                name in from_shapes and name not in derived for name in node.inputs
+            ):
+                self.sizable.add(node.index)
+                from_shapes.update(node.outputs)
+            else:
+                continue
+            from_shapes.discard("")
+
+    def of(self, tensor: str) -> frozenset[str]:
+        names = self.ids.names
+        return frozenset(names[source] for source in self.of_id(self.ids.id[tensor]))
+
+    def of_id(self, tensor: int) -> frozenset[int]:
+        memo = self._memo
+        known = memo[tensor]
+        if known is not None:
+            return known
+        memo[tensor] = _NO_SOURCES  # guards against cycles in malformed graphs
+        read = self.ids.shape_read[tensor]
+        if read >= 0:
+            result = frozenset((read,))
+        else:
+            found: set[int] = set()
+            derived = self.derived_flags
+            for name in self.ids.parents[tensor] or ():
+                if not derived[name]:
+                    sources = memo[name]
+                    found |= self.of_id(name) if sources is None else sources
+            result = frozenset(found)
+        memo[tensor] = result
+        return result
+
+    def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[int]:
+        """The tensors whose Shape sizes ``node``'s output along ``axis``: the sources of its
+        shape-like inputs other than those the axis comes from. The same in every round."""
+        key = (node_index, axis)
+        found = self.sizing_memo.get(key)
+        if found is None:
+            node = self.index.nodes[node_index]
+            initializers = self.index.initializers
+            # Weights and constants are sized by nothing: most inputs end here.
+            shape_like = [
+                name
+                for name in node.inputs
+                if name and name not in self.derived and name not in initializers
+            ]
+            if shape_like:
+                mapped = mapper.input_axes(node, axis) or []
+                followed = {name for name, _ in mapped}
+                id_of, of = self.ids.id, self.of_id
+                found = frozenset(
+                    source
+                    for name in shape_like
+                    if name not in followed
+                    for source in of(id_of[name])
+                )
+            else:
+                found = _NO_SOURCES
+            self.sizing_memo[key] = found
+        return found
+
+
+def sized_by_whole(node: Node, sources: ShapeSources, region: set[str], reached: set[str]) -> bool:
+    """Whether a shape-like input of ``node`` comes from the Shape of a tensor that no rank
+    slices (in neither ``region`` nor ``reached``)."""
+    return size_source_off_region(node, sources, region, reached) is not None
+
+
+def size_source_off_region(
+    node: Node,
+    sources: ShapeSources,
+    region: set[str],
+    reached: frozenset[str] | set[str] = frozenset(),
+) -> str | None:
+    """The first tensor outside ``region`` and ``reached`` whose Shape a shape-like input of
+    ``node`` is computed from, if any."""
+    for name in node.inputs:
+        # An input that is itself sliced (scattered, or computed from a slice) is no size.
+        if name and name not in sources.derived and name not in region and name not in reached:
+            for source in sorted(sources.of(name)):
+                if source not in region and source not in reached:
+                    return source
+    return None

@@ -1,0 +1,199 @@
+"""What a round's region forces to be computed whole on every rank.
+
+Each round walks back to a region (see region.py); the rules here find the tensors that must
+then be whole, so that the next round's walk stops at them and the cuts move forward: what a
+cut is computed from, what is read outside the region, what a whole tensor's Shape sizes,
+what is read beside the walk along another axis or by an op mixing positions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.frontier.region import Region
+from shardcheck.frontier.sliced import SlicedTest
+from shardcheck.frontier.sources import ShapeSources
+from shardcheck.frontier.tensor_ids import TensorIds
+from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.graph.ops import SHAPE_OPS
+
+
+def must_be_whole(
+    index: GraphIndex,
+    ids: TensorIds,
+    region: Region,
+    forward_nodes: set[int],
+    layer_output_flags: bytearray,
+    cut_lengths: list[tuple[int, int]] | None = None,
+) -> set[str]:
+    """Region tensors and cuts that a cut tensor is computed from (through data, or a region
+    tensor's length via Shape), and data cuts that nodes read outside the region (its nodes,
+    and ``forward_nodes``, those after the layers): all must be computed whole.
+
+    ``cut_lengths`` gets each cut whose length a cut is computed from, with the Shape's output
+    (as ids): if the former cannot move, no cut is exact (exactness.py)."""
+    needed: set[str] = set()
+    off_walk: list[int] = []
+    cut_ids, in_region = region.cut_ids, region.in_region
+    sliced = SlicedTest(ids, cut_ids)
+    # A cut is computed whole on every rank, so whatever it is computed from must be whole.
+    # One walk back from every cut at once (the union is what counts) finds what is not: the
+    # region tensors and the cuts it reaches through data, directly or through tensors off the
+    # region (Falcon's second layer multiplies its slice by rotary tables its first layer
+    # needs whole; the dynamo exports of CodeGen and StableLM compute a cut from another),
+    # and the Shape nodes that read a sliced tensor, of the region or computed from it off the
+    # walk (BART takes its positions' length from such a tensor). A layer's output ends the
+    # walk: what follows a layer reaches a cut through the tensors gathered.
+    ends = bytearray(in_region)
+    seen = bytearray(len(ids.names))
+    for tensor in cut_ids:
+        ends[tensor] = 0
+        seen[tensor] = 1
+    is_cut = bytearray(seen)
+    parents, shape_read, names = ids.parents, ids.shape_read, ids.names
+    queue = deque(cut_ids)
+    pop, append = queue.popleft, queue.append
+    while queue:
+        current = pop()
+        if layer_output_flags[current]:
+            continue
+        if ends[current]:
+            needed.add(names[current])
+            continue
+        inputs = parents[current]
+        if inputs is None:
+            read = shape_read[current]
+            if read < 0:  # a graph input or a weight
+                continue
+            if sliced(read):
+                if is_cut[read] and cut_lengths is not None:
+                    cut_lengths.append((read, current))
+                if in_region[read]:
+                    needed.add(names[read])
+                else:
+                    off_walk.append(read)
+                continue
+            # The Shape of a tensor no rank slices: its own shape may come from a sliced one.
+            inputs = (read,)
+        else:
+            for name in inputs:
+                if is_cut[name]:
+                    needed.add(names[name])
+        for name in inputs:
+            if not seen[name]:
+                seen[name] = 1
+                append(name)
+    needed |= _region_ancestors(ids, off_walk, in_region)
+    consumers, nodes = index.consumers, index.nodes
+    region_nodes = region.nodes
+    for tensor in region.cut:
+        if any(
+            user not in region_nodes
+            and user not in forward_nodes
+            and nodes[user].op_type not in SHAPE_OPS
+            for user in consumers.get(tensor, ())
+        ):
+            needed.add(tensor)
+    return needed
+
+
+def sized_whole(
+    index: GraphIndex, mapper: AxisMapper, sources: ShapeSources, region: Region
+) -> set[str]:
+    """Outputs of region nodes sized by the Shape of a whole tensor (an Expand, Reshape or
+    Slice whose target is computed from a tensor no rank slices): such an output has the whole
+    length, so the cut has to be at it, not before."""
+    stops: set[str] = set()
+    axes, in_region = region.tensors, region.in_region
+    for node_index in region.nodes & sources.sizable:
+        output = index.nodes[node_index].outputs[0]
+        sized_by = sources.sizing(node_index, axes.get(output, 0), mapper)
+        for source in sized_by:
+            if not in_region[source]:
+                stops.add(output)
+                break
+    return stops
+
+
+def sliced_beside(ids: TensorIds, region: Region) -> set[str]:
+    """What the region's nodes read broadcast along the axis walked, that a rank would hold a
+    slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
+    turned over the queries, [batch, 1, queries, 1]): sliced along another axis of the node's
+    output, it would cut that axis too. It must be whole, and so the region tensors it is
+    computed from."""
+    if not region.read_beside:
+        return set()
+    sliced = SlicedTest(ids, region.cut_ids)
+    read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
+    return _region_ancestors(ids, read, region.in_region) if read else set()
+
+
+def read_by_mixing(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    region: Region,
+    inside_layers: set[int],
+) -> set[str]:
+    """Region tensors (other than cuts) from which the nodes beside the walk compute, through
+    ops that map the axis, an input of an op that mixes positions along it (ConvBERT
+    transposes each layer's input and convolves it over the sequence): they must be whole.
+    What beside the walk only maps the axis (a parallel MLP, say) reads the slice as it is."""
+    needed: set[str] = set()
+    tensors, cut, region_nodes = region.tensors, region.cut, region.nodes
+
+    def beside(node: Node) -> bool:
+        return (
+            node.index not in region_nodes
+            and node.index not in inside_layers
+            and node.op_type not in SHAPE_OPS
+        )
+
+    # (a node beside the walk, the tensor it reads, that tensor's axis, the region tensor it
+    # is computed from). Few nodes are beside the walk: one pass finds those reading it.
+    queue = deque(
+        (node, name, tensors[name], name)
+        for node in index.nodes
+        if beside(node)
+        for name in node.inputs
+        if name in tensors and name not in cut
+    )
+    seen: set[str] = set()
+    while queue:
+        node, tensor, axis, origin = queue.popleft()
+        if origin in needed:
+            continue
+        out_axis = mapper.output_axis(node, tensor, axis)
+        if out_axis is None:
+            needed.add(origin)
+            continue
+        output = node.outputs[0]
+        if not output or output in tensors or output in seen:
+            continue
+        seen.add(output)
+        queue.extend(
+            (consumer, output, out_axis, origin)
+            for consumer in index.consumers_of(output)
+            if beside(consumer)
+        )
+    return needed
+
+
+def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:
+    """The nearest region tensors that ``tensors`` are computed from (one shared walk)."""
+    found: set[str] = set()
+    parents = ids.parents
+    seen = bytearray(len(ids.names))
+    for tensor in tensors:
+        seen[tensor] = 1
+    queue = deque(tensors)
+    while queue:
+        current = queue.popleft()
+        if in_region[current]:
+            found.add(ids.names[current])
+            continue
+        for name in parents[current] or ():
+            if not seen[name]:
+                seen[name] = 1
+                queue.append(name)
+    return found
