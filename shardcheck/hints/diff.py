@@ -14,7 +14,8 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
-from shardcheck.hints.model import FusedAttention, ShardHints, validated
+from shardcheck.hints.codec import validated
+from shardcheck.hints.model import FusedAttention, ShardHints
 
 KINDS = ("added", "removed", "changed")
 _KEYED_COLLECTIONS = {"inputs": "name", "outputs": "name", "attention_layers": "q"}

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 from shardcheck.errors import HintsFormatError, InputError
-from shardcheck.fsio import write_text_or_stdout
-from shardcheck.hints.model import ShardHints, dumps, loads, validated
+from shardcheck.fsio import why_unreadable, write_text_or_stdout
+from shardcheck.hints.codec import dumps, loads, validated
+from shardcheck.hints.model import ShardHints
 
 # A hints file lists a few hundred tensors at most; anything far bigger is not a hints file.
 MAX_HINTS_BYTES = 64 * 1024 * 1024
@@ -20,10 +21,9 @@ def read_text_input(path: str | os.PathLike[str], what: str) -> str:
         raise InputError(f"'': the path of {what} is empty")
     if os.fspath(path) == "-" and not file.exists():
         raise InputError(f"-: reading {what} from standard input is not supported; give its path")
-    if not file.exists():
-        raise InputError(f"{path}: no such file")
-    if file.is_dir():
-        raise InputError(f"{path}: is a directory, expected {what}")
+    problem = why_unreadable(file, what)
+    if problem:
+        raise InputError(f"{path}: {problem}")
     try:
         # Read at most one byte past the limit: a pipe or a device reports no size.
         with file.open("rb") as stream:

@@ -10,9 +10,10 @@ import pytest
 from conftest import GOLDEN, run_cli
 
 from shardcheck.errors import HintsFormatError
+from shardcheck.hints.codec import dumps, encode
 from shardcheck.hints.diff import diff_hints
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import AttentionLayerHint, ShardHints, ShardTensor, dumps, encode
+from shardcheck.hints.model import AttentionLayerHint, ShardHints, ShardTensor
 
 # Two layers (q, q2), six inputs, two outputs: enough entries for order to matter.
 BASE = ShardHints(

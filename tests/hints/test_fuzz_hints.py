@@ -21,13 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardcheck.errors import HintsFormatError
+from shardcheck.hints.codec import CLASS_KEY, FLAT_KEYS, NEW_KEYS, decode, dumps, encode, loads
 from shardcheck.hints.diff import canonical, diff_hints
 from shardcheck.hints.files import read_hints, write_hints
 from shardcheck.hints.model import (
-    CLASS_KEY,
-    FLAT_KEYS,
     MAX_AXIS,
-    NEW_KEYS,
     PARALLELISMS,
     REDUCE_OPS,
     AttentionLayerHint,
@@ -35,10 +33,6 @@ from shardcheck.hints.model import (
     FusedAttention,
     ShardHints,
     ShardTensor,
-    decode,
-    dumps,
-    encode,
-    loads,
 )
 
 INT32_MAX = 2**31 - 1

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from shardcheck.errors import HintsFormatError
+from shardcheck.hints.codec import decode, dumps, encode, loads, validated
 from shardcheck.hints.files import write_hints
 from shardcheck.hints.model import (
     AttentionLayerHint,
@@ -14,11 +15,6 @@ from shardcheck.hints.model import (
     FusedAttention,
     ShardHints,
     ShardTensor,
-    decode,
-    dumps,
-    encode,
-    loads,
-    validated,
 )
 
 FULL = ShardHints(
@@ -216,7 +212,11 @@ def test_invalid_json_and_wrong_top_level() -> None:
         ),
         ({"inputs": (ShardTensor("x", True),)}, "inputs[0].seq_len_idx: expected an integer"),
         ({"inputs": (ShardTensor("x", 1.0),)}, "inputs[0].seq_len_idx: expected an integer"),
-        ({"inputs": None}, "not shard hints ('NoneType' object is not iterable)"),
+        ({"inputs": None}, "inputs: expected a list, got null"),
+        (
+            {"dist_collectives": None},
+            "dist_collectives: expected a DistCollective object, got null",
+        ),
     ],
 )
 def test_hints_made_in_python_are_refused_where_a_file_of_them_would_be(
