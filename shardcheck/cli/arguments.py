@@ -122,3 +122,8 @@ def tolerance_options(when: str = "") -> Callable[[F], F]:
         return command
 
     return decorate
+
+
+def defaulted(name: str, kind: Any, default: Any, help: str) -> Callable[[F], F]:
+    """An option whose help shows its default."""
+    return click.option(name, type=kind, default=default, show_default=True, help=help)

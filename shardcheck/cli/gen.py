@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from shardcheck.cli import warning_line
-from shardcheck.cli.arguments import INT_LIST
+from shardcheck.cli.arguments import INT_LIST, defaulted
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.generation.generate import generate
@@ -23,44 +23,19 @@ from shardcheck.lifetime import keep_until_exit
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=True))
 @click.option("-o", "--output", required=True, help="Hints file to write ('-' for stdout).")
-@click.option(
-    "--parallelism",
-    type=click.Choice(["CP", "TP"]),
-    default="CP",
-    show_default=True,
-    help="Kind of parallelism.",
-)
-@click.option("--root", type=int, default=-1, show_default=True, help="Rank of the root process.")
-@click.option(
-    "--gpus",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Number of participating GPUs (0: all); written as group_size.",
-)
+@defaulted("--parallelism", click.Choice(["CP", "TP"]), "CP", "Kind of parallelism.")
+@defaulted("--root", int, -1, "Rank of the root process.")
+@defaulted("--gpus", int, 0, "Number of participating GPUs (0: all); written as group_size.")
 @click.option("--groups", type=INT_LIST, default="", help="NCCL group indices (omit for all).")
-@click.option(
+@defaulted(
     "--cp-type",
-    type=click.Choice(CP_TYPES),
-    default="native",
-    show_default=True,
-    help="native: gather K/V; fused: replace each layer with a fused attention op.",
+    click.Choice(CP_TYPES),
+    "native",
+    "native: gather K/V; fused: replace each layer with a fused attention op.",
 )
 @click.option("--no-suggest-io", is_flag=True, help="Do not suggest inputs/outputs to shard.")
-@click.option(
-    "--i-idx",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Sequence axis of inputs when it cannot be found.",
-)
-@click.option(
-    "--o-idx",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Sequence axis of outputs when it cannot be found.",
-)
+@defaulted("--i-idx", int, 0, "Sequence axis of inputs when it cannot be found.")
+@defaulted("--o-idx", int, 0, "Sequence axis of outputs when it cannot be found.")
 @click.option(
     "--k-idx",
     type=int,
@@ -76,44 +51,31 @@ from shardcheck.lifetime import keep_until_exit
 @click.option("--i-rank", type=int, default=None, help="Input rank when the model has none.")
 @click.option("--o-rank", type=int, default=None, help="Output rank when the model has none.")
 @click.option("--kv-rank", type=int, default=None, help="K/V rank when the model has none.")
-@click.option(
-    "--reduce-op",
-    type=click.Choice(REDUCE_OPS),
-    default="max",
-    show_default=True,
-    help="reduce_op of the reduce-scatter collectives.",
+@defaulted(
+    "--reduce-op", click.Choice(REDUCE_OPS), "max", "reduce_op of the reduce-scatter collectives."
 )
-@click.option(
+@defaulted(
     "--attention-pattern",
-    type=click.IntRange(0, 1),
-    default=0,
-    show_default=True,
-    help="Polygraphy attention pattern to match (0 or 1).",
+    click.IntRange(0, 1),
+    0,
+    "Polygraphy attention pattern to match (0 or 1).",
 )
 @click.option("--q-shuffle", type=INT_LIST, default=None, help="Permutation applied to Q (fused).")
 @click.option("--k-shuffle", type=INT_LIST, default=None, help="Permutation applied to K (fused).")
 @click.option("--v-shuffle", type=INT_LIST, default=None, help="Permutation applied to V (fused).")
 @click.option("--is-causal", is_flag=True, help="The fused attention is causal.")
-@click.option(
-    "--nb-rank",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Number of ranks for the attention op.",
-)
-@click.option(
+@defaulted("--nb-rank", int, 1, "Number of ranks for the attention op.")
+@defaulted(
     "--compat",
-    type=click.Choice(COMPAT_MODES),
-    default="none",
-    show_default=True,
-    help="'polygraphy' reproduces 'polygraphy template shard-hints' exactly.",
+    click.Choice(COMPAT_MODES),
+    "none",
+    "'polygraphy' reproduces 'polygraphy template shard-hints' exactly.",
 )
-@click.option(
+@defaulted(
     "--io",
-    type=click.Choice(IO_MODES),
-    default="frontier",
-    show_default=True,
-    help="frontier: the tensors that make CP exact (position tables and masks computed whole, "
+    click.Choice(IO_MODES),
+    "frontier",
+    "frontier: the tensors that make CP exact (position tables and masks computed whole, "
     "then scattered); graph: graph inputs and outputs only, as Polygraphy suggests them.",
 )
 def gen(model: str, output: str, **options: object) -> int:

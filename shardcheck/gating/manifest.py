@@ -9,7 +9,6 @@ here; each error is one line naming the file and the key, e.g.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -19,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import InputError
-from shardcheck.generation.options import DEFAULT_SEQ_LENS, GenOptions
-from shardcheck.wording import listed
+from shardcheck.fsio import why_unreadable
+from shardcheck.generation.options import DEFAULT_SEQ_LENS, GenOptions, is_integer
+from shardcheck.wording import listed, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -86,8 +86,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise InputError(
             "-: reading the manifest from standard input is not supported; give its path"
         )
-    if not file.is_file():
-        problem = "is a directory, expected a TOML file" if file.is_dir() else "no such file"
+    problem = why_unreadable(file, "a TOML file")
+    if problem:
         raise InputError(f"{file}: {problem}")
     try:
         document = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -112,7 +112,7 @@ def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
         raise _error(
             source,
             f"{TABLE}.models",
-            f"expected one or more [[{TABLE}.models]] tables, got {_shown(raw_models)}",
+            f"expected one or more [[{TABLE}.models]] tables, got {shown(raw_models)}",
         )
     models = tuple(_model(raw, position, source, root) for position, raw in enumerate(raw_models))
     _check_unique(models, source)
@@ -143,33 +143,33 @@ def _check_golden_dir(
 def _shardcheck_table(document: Mapping[str, Any], source: Path) -> Mapping[str, Any]:
     tool = document.get("tool")
     if tool is not None and not isinstance(tool, dict):
-        raise _error(source, "tool", f"expected a table, got {_shown(tool)}")
+        raise _error(source, "tool", f"expected a table, got {shown(tool)}")
     table = (tool or {}).get("shardcheck")
     if table is None:
         found = [key for key in document if key in TOP_KEYS]
         hint = f" (found top-level {', '.join(found)}: put them under [{TABLE}])" if found else ""
         raise InputError(f"{source}: no [{TABLE}] table{hint}; see docs/gating.md")
     if not isinstance(table, dict):
-        raise _error(source, TABLE, f"expected a table, got {_shown(table)}")
+        raise _error(source, TABLE, f"expected a table, got {shown(table)}")
     return table
 
 
 def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
     where = f"{TABLE}.models[{position}]"
     if not isinstance(raw, dict):
-        raise _error(source, where, f"expected a table, got {_shown(raw)}")
+        raise _error(source, where, f"expected a table, got {shown(raw)}")
     raw = _normalised_keys(raw, MODEL_KEYS, source, where)
     path_text = _required_path(raw, "path", source, where)
     golden_text = _required_path(raw, "golden", source, where)
     if not golden_text.endswith(".json"):
-        raise _error(source, f"{where}.golden", f"expected a .json file, got {_shown(golden_text)}")
+        raise _error(source, f"{where}.golden", f"expected a .json file, got {shown(golden_text)}")
     name = _name(raw, path_text, source, where)
     gen = raw.get("gen", {})
     if not isinstance(gen, dict):
-        raise _error(source, f"{where}.gen", f"expected a table of gen options, got {_shown(gen)}")
+        raise _error(source, f"{where}.gen", f"expected a table of gen options, got {shown(gen)}")
     verify = raw.get("verify", False)
     if not isinstance(verify, bool):
-        raise _error(source, f"{where}.verify", f"expected true or false, got {_shown(verify)}")
+        raise _error(source, f"{where}.verify", f"expected true or false, got {shown(verify)}")
     entry = ModelEntry(
         name=name,
         position=position,
@@ -193,7 +193,7 @@ def _name(raw: Mapping[str, Any], path_text: str, source: Path, where: str) -> s
             raise _error(
                 source,
                 f"{where}.name",
-                f"the file stem {_shown(name)} cannot be a name (letters, digits, _ . + - only); "
+                f"the file stem {shown(name)} cannot be a name (letters, digits, _ . + - only); "
                 "set name",
             )
         return name
@@ -202,7 +202,7 @@ def _name(raw: Mapping[str, Any], path_text: str, source: Path, where: str) -> s
         raise _error(
             source,
             f"{where}.name",
-            f"expected a name of letters, digits, _ . + - (no spaces), got {_shown(name)}",
+            f"expected a name of letters, digits, _ . + - (no spaces), got {shown(name)}",
         )
     return name
 
@@ -211,8 +211,8 @@ def _ranks(raw: Mapping[str, Any], source: Path, where: str) -> int | None:
     ranks = raw.get("ranks")
     if ranks is None:
         return None
-    if not _is_int(ranks) or ranks < 1:
-        raise _error(source, f"{where}.ranks", f"expected an integer >= 1, got {_shown(ranks)}")
+    if not is_integer(ranks) or ranks < 1:
+        raise _error(source, f"{where}.ranks", f"expected an integer >= 1, got {shown(ranks)}")
     return ranks
 
 
@@ -222,14 +222,14 @@ def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ..
         return None
     if (
         not isinstance(seq_lens, list)
-        or not all(_is_int(n) and n >= 1 for n in seq_lens)
+        or not all(is_integer(n) and n >= 1 for n in seq_lens)
         or len(set(seq_lens)) < 2
     ):
         # verify tells the sequence axis by the lengths it changes with: two at least.
         raise _error(
             source,
             f"{where}.seq-lens",
-            f"expected a list of two or more different integers >= 1, got {_shown(seq_lens)}",
+            f"expected a list of two or more different integers >= 1, got {shown(seq_lens)}",
         )
     return tuple(seq_lens)
 
@@ -260,7 +260,7 @@ def _check_unique(models: tuple[ModelEntry, ...], source: Path) -> None:
             raise _error(
                 source,
                 f"{entry.where}.name",
-                f"duplicate name {_shown(entry.name)} (also {other.where}); set distinct names",
+                f"duplicate name {shown(entry.name)} (also {other.where}); set distinct names",
             )
         names[entry.name] = entry
         golden = entry.golden_path.resolve()
@@ -306,20 +306,8 @@ def _optional_path(table: Mapping[str, Any], key: str, source: Path, where: str)
 
 def _path_text(value: Any, source: Path, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _error(source, where, f"expected a path (a non-empty string), got {_shown(value)}")
+        raise _error(source, where, f"expected a path (a non-empty string), got {shown(value)}")
     return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _error(source: Path, where: str, problem: str) -> InputError:

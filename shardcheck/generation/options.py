@@ -4,13 +4,13 @@ and the sequence lengths verify runs at unless told (the manifest checks its ran
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from shardcheck.errors import InputError
 from shardcheck.hints.model import MAX_AXIS, PARALLELISMS, REDUCE_OPS
+from shardcheck.wording import shown
 
 DEFAULT_SEQ_LENS = (8, 16)
 CP_TYPES = ("native", "fused")
@@ -73,7 +73,7 @@ class GenOptions:
                 object.__setattr__(self, name, value)
             problem = _type_problem(kind, value)
             if problem:
-                raise InputError(f"{name}: expected {problem}, got {_shown(value)}")
+                raise InputError(f"{name}: expected {problem}, got {shown(value)}")
         _choice("parallelism", self.parallelism, PARALLELISMS)
         _choice("cp_type", self.cp_type, CP_TYPES)
         _choice("reduce_op", self.reduce_op, REDUCE_OPS)
@@ -98,7 +98,7 @@ class GenOptions:
         and bad choices are InputErrors of one line that start with ``source``.
         """
         if not isinstance(values, Mapping):
-            raise InputError(f"{source}: expected a table of gen options, got {_shown(values)}")
+            raise InputError(f"{source}: expected a table of gen options, got {shown(values)}")
         kinds = _option_kinds()
         kwargs: dict[str, Any] = {}
         spelled: dict[str, str] = {}
@@ -136,7 +136,7 @@ def _option_kinds() -> dict[str, str]:
     return {f.name: kinds[str(f.type)] for f in fields(GenOptions)}
 
 
-def _is_int(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -148,19 +148,12 @@ def _type_problem(kind: str, value: Any) -> str | None:
     if kind == "str":
         return None if isinstance(value, str) else "a string"
     if kind == "int":
-        return None if _is_int(value) else "an integer"
+        return None if is_integer(value) else "an integer"
     if kind == "bool":
         return None if isinstance(value, bool) else "true or false"
-    if isinstance(value, (list, tuple)) and all(_is_int(v) and v >= 0 for v in value):
+    if isinstance(value, (list, tuple)) and all(is_integer(v) and v >= 0 for v in value):
         return None
     return "a list of non-negative integers"
-
-
-def _shown(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 def _bounded(name: str, value: int | tuple[int, ...] | None, low: int, high: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 from conftest import FIXTURES, GOLDEN, embedded_bert_layer, read_json, run_cli
 
 from shardcheck import GenOptions, generate, load_index
-from shardcheck.hints.model import dumps, loads
+from shardcheck.hints.codec import dumps, loads
 
 
 def test_gen_writes_hints_file(tmp_path: Path) -> None:
@@ -327,10 +327,10 @@ def test_gen_hands_the_model_it_read_to_the_console_commands_exit(
 
     out = tmp_path / "hints.json"
     assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
-    assert lifetime._kept is None  # nothing is kept unless the console command asked
+    assert lifetime.kept() is None  # nothing is kept unless the console command asked
     monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
     assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
-    assert [type(o) for o in lifetime._kept if isinstance(o, GraphIndex)] == [GraphIndex]
+    assert [type(o) for o in lifetime.kept() if isinstance(o, GraphIndex)] == [GraphIndex]
     assert read_json(out) == read_json(GOLDEN / "attention_head.json")
 
 

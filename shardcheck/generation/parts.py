@@ -1,0 +1,62 @@
+"""What both of gen's modes build alike: the result, and the hints around what each mode finds
+(the collectives, each layer's hint and the fused replacement come from the options alone)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.generation.options import GenOptions
+from shardcheck.hints.model import (
+    AttentionLayerHint,
+    DistCollective,
+    FusedAttention,
+    ShardHints,
+)
+
+
+@dataclass(frozen=True)
+class GenResult:
+    hints: ShardHints
+    warnings: tuple[str, ...] = field(default=())
+    layers: tuple[AttentionLayer, ...] = field(default=())
+
+
+def with_options(hints: ShardHints, options: GenOptions, queries: Iterable[str]) -> ShardHints:
+    """``hints`` (the tensors and K/V axes a mode found) with what the options set: the
+    parallelism, the collectives, and a hint for each layer of ``queries``, in that order."""
+    return hints.with_changes(
+        parallelism=options.parallelism,
+        attention_layers=tuple(_layer_hint(q, options) for q in queries),
+        dist_collectives=_collectives(options),
+    )
+
+
+def _collectives(options: GenOptions) -> DistCollective:
+    return DistCollective(
+        group_size=options.gpus,
+        root=options.root,
+        nb_rank=options.nb_rank,
+        groups=tuple(options.groups),
+        reduce_op=options.reduce_op,
+    )
+
+
+def _layer_hint(q: str, options: GenOptions) -> AttentionLayerHint:
+    return AttentionLayerHint(
+        q=q,
+        gather_kv=options.cp_type == "native",
+        gather_q=False,
+        replace=_fused_replacement(options) if options.cp_type == "fused" else None,
+    )
+
+
+def _fused_replacement(options: GenOptions) -> FusedAttention:
+    return FusedAttention(
+        is_causal=options.is_causal,
+        q_shuffle=options.q_shuffle,
+        k_shuffle=options.k_shuffle,
+        v_shuffle=options.v_shuffle,
+        nb_rank=options.nb_rank,
+    )
