@@ -20,8 +20,8 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# Measured on export-12 of the benchmark (docs/performance.md): making its session took 26 ms
-# alone, 47 ms beside a thread running Python at the default 5 ms, 30 ms at 0.2 ms.
+# Short enough that onnxruntime's thread gets the GIL back nearly as soon as it asks, long
+# enough that the main thread's Python is not slowed by the switching (docs/performance.md).
 HANDOFF_INTERVAL = 0.0002
 
 _handoff_lock = threading.Lock()

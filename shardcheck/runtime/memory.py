@@ -189,7 +189,7 @@ def human(nbytes: int) -> str:
     return f"{float(nbytes):.2g} B"
 
 
-def check_memory(
+def refuse_oversized_run(
     index: GraphIndex,
     dims: Mapping[str, int],
     *,
@@ -219,9 +219,9 @@ def check_memory(
     return needed
 
 
-def check_weights(index: GraphIndex, *, available: int | None = None) -> int:
+def refuse_oversized_weights(index: GraphIndex, *, available: int | None = None) -> int:
     """Refuse (InputError) a model whose weights alone need more memory than is available,
-    before onnxruntime loads them; else their size. ``check_memory`` checks the runs."""
+    before onnxruntime loads them; else their size. ``refuse_oversized_run`` refuses the runs."""
     weights = weights_bytes(index)
     if available is None:
         available = available_bytes()

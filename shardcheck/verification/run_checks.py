@@ -7,32 +7,30 @@ axis, whatever the dims are called.
 
 from __future__ import annotations
 
-import re
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
-from shardcheck.analysis.axes import AxisMapper
-from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError
-from shardcheck.graph.index import SHAPE_OPS, GraphIndex
-from shardcheck.graph.loader import check_weight_files, weights_dir
+from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints, ShardTensor
-from shardcheck.runtime.background import InBackground
-from shardcheck.runtime.feeds import make_feeds, make_session
-from shardcheck.runtime.memory import check_memory
+from shardcheck.runtime.feeds import make_feeds
+from shardcheck.runtime.memory import refuse_oversized_run
+from shardcheck.runtime.sessions import error_text, failed_node
 from shardcheck.verification.findings import ERROR, INFO, WARNING, Report
+from shardcheck.verification.session import (
+    MESSAGE_LIMIT,
+    PendingSession,
+    Progress,
+    WatchedSession,
+)
+from shardcheck.verification.static_checks import check_given_rank
+from shardcheck.verification.walks import AxesToMasks, Walks, graph_walks
 from shardcheck.wording import listed
 
-_ORT_NODE = re.compile(r"Name:'([^']*)'")
-Progress = Callable[[str], None]
 DimChooser = Callable[[int], dict[str, int]]
 
 
@@ -74,9 +72,9 @@ class RuntimeCheck:
         # Per length: the dims of the run and its graph outputs (the CP simulation's reference).
         self.graph_outputs: dict[int, tuple[dict[str, int], dict[str, np.ndarray]]] = {}
         self.baked: BakedLength | None = None
-        self._walks: _Walks | None = None
+        self._walks: Walks | None = None
         # For the few tensors whose axis is followed to the masks (asked in prepare and run).
-        self._mapper: AxisMapper | None = None
+        self._axes = AxesToMasks(index, shapes, by_q.values())
 
     def prepare(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
         """What needs no run, done while the session is made: every length fits in memory,
@@ -84,7 +82,7 @@ class RuntimeCheck:
         # Only the sequence dim differs between the runs and no tensor shrinks as it grows:
         # the longest run is the one to check.
         longest = max(seq_lens)
-        check_memory(
+        refuse_oversized_run(
             self.index,
             choose(longest),
             seq_len=longest,
@@ -92,7 +90,7 @@ class RuntimeCheck:
             layers=self.by_q.values(),
             kept=pending.watched,
         )
-        self._walks = self._graph_walks()
+        self._walks = graph_walks(self.index, self.hints, self.by_q, self._axes)
 
     def run(self, pending: PendingSession, seq_lens: list[int], choose: DimChooser) -> None:
         """The runs, once ``prepare`` has been made."""
@@ -104,7 +102,7 @@ class RuntimeCheck:
         for length in seq_lens:
             dims = choose(length)
             feeds = make_feeds(self.index, dims, self.seed)
-            failure = _run(session, feeds, self.timeout, self.progress, length)
+            failure = session.run(feeds, self.timeout, self.progress, length)
             # No timings: the JSON report is diffed between runs, and must be the same.
             self.report.runs.append({"seq_len": length, "dims": dims, "ok": failure is None})
             if failure is not None:
@@ -133,11 +131,11 @@ class RuntimeCheck:
             self._failed(length, message, ran_at, dims)
             return
         self.ran = True
-        self._compare(shapes_by_len, seq_lens, walks)
+        self._check_axes(shapes_by_len, seq_lens, walks)
 
     def _refuse_past_longest(
         self,
-        session: _Session,
+        session: WatchedSession,
         choose: DimChooser,
         length: int,
         ran_at: list[int],
@@ -151,26 +149,26 @@ class RuntimeCheck:
         if shorter < 1:
             return
         dims = choose(shorter)
-        if _run(session, make_feeds(self.index, dims, self.seed), self.timeout, None, shorter):
+        if session.run(make_feeds(self.index, dims, self.seed), self.timeout, None, shorter):
             return
-        match = _ORT_NODE.search(message)
-        node = f" (at node {match.group(1)})" if match else ""
+        blamed = failed_node(message)
+        node = f" (at node {blamed})" if blamed is not None else ""
         raise InputError(
             f"{self.index.source}: the model runs at sequence lengths "
             f"{listed([str(n) for n in (shorter, *ran_at)])} but not at {length}{node}: "
             f"{length} is past the longest it supports (the size of a position table, say); "
-            f"choose shorter --seq-lens. onnxruntime: {_short(message)}"
+            f"choose shorter --seq-lens. onnxruntime: {_shortened(message)}"
         )
 
     def _found(self, code: str, field: str) -> bool:
         return any(f.code == code and f.field == field for f in self.report.findings)
 
     def _failed(self, length: int, message: str, ran_at: list[int], dims: dict[str, int]) -> None:
-        match = _ORT_NODE.search(message)
-        node = match.group(1) if match else "unknown node"
+        blamed = failed_node(message)
+        node = blamed if blamed is not None else "unknown node"
         if ran_at:
-            # Reported by report_baked, once verify knows whether CP was simulated there.
-            self.baked = BakedLength(tuple(ran_at), length, node, _short(message))
+            # Reported by check_baked, once verify knows whether CP was simulated there.
+            self.baked = BakedLength(tuple(ran_at), length, node, _shortened(message))
             return
         chosen = ", ".join(f"{k}={v}" for k, v in dims.items())
         self.report.add(
@@ -179,13 +177,13 @@ class RuntimeCheck:
             "model",
             f"the model does not run in onnxruntime with {chosen} (node {node}); if it "
             "needs other sizes (an audio encoder's convolutions need hundreds of samples), "
-            f"give them with --seq-lens and --dim. onnxruntime: {_short(message)}",
+            f"give them with --seq-lens and --dim. onnxruntime: {_shortened(message)}",
             tensor=node,
             expected="runs",
             observed="fails",
         )
 
-    def report_baked(self, simulated: bool | None, ranks: int | None) -> None:
+    def check_baked(self, simulated: bool | None, ranks: int | None) -> None:
         """SC002 for a model that runs only at the lengths it was traced with, if it is one.
 
         The sequence axes cannot be compared across lengths then. Each rank runs a shorter
@@ -238,12 +236,14 @@ class RuntimeCheck:
             observed=f"fails at {baked.failed_at}",
         )
 
-    def _compare(
+    def _check_axes(
         self,
         shapes: dict[int, dict[str, tuple[int, ...]]],
         seq_lens: list[int],
-        walks: _Walks,
+        walks: Walks,
     ) -> None:
+        """The findings of the shapes at the first two lengths: the axes that change with the
+        length against those the hints name."""
         first, second = shapes[seq_lens[0]], shapes[seq_lens[1]]
         if all(first[name] == second[name] for name in self.index.graph_inputs):
             self.report.add(
@@ -270,19 +270,9 @@ class RuntimeCheck:
                     continue
                 hint_field = f"{kind}[name={tensor.name}]"
                 rank = len(first[tensor.name])
-                if (
-                    tensor.rank is not None
-                    and tensor.rank != rank
-                    and not self._found("SC104", f"{hint_field}.rank")
-                ):
-                    self.report.add(
-                        "SC104",
-                        ERROR,
-                        f"{hint_field}.rank",
-                        f"rank {tensor.rank} given for {tensor.name!r}; it has rank {rank}",
-                        tensor=tensor.name,
-                        expected=rank,
-                        observed=tensor.rank,
+                if not self._found("SC104", f"{hint_field}.rank"):
+                    check_given_rank(
+                        self.report, hint_field, tensor, rank, known_as="; it has rank {rank}"
                     )
                 if not axes:
                     self.report.add(
@@ -307,11 +297,11 @@ class RuntimeCheck:
                         expected=axes[0],
                         observed=tensor.seq_len_idx,
                     )
-        self._compare_layers(changing, first)
-        self._unhinted_inputs(changing, first, walks)
-        self._key_only_inputs(first, walks)
+        self._check_layers(changing, first)
+        self._check_unhinted_inputs(changing, first, walks)
+        self._check_key_only_inputs(first, walks)
 
-    def _compare_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
+    def _check_layers(self, changing: Callable[[str], list[int] | None], first: dict) -> None:
         for hint in self.hints.attention_layers:
             layer = self.by_q.get(hint.q)
             if layer is None:
@@ -346,69 +336,11 @@ class RuntimeCheck:
                     observed=axes,
                 )
 
-    def _graph_walks(self) -> _Walks:
-        query, key, masks = _attention_sides(self.index, self.by_q, self.hints)
-        ends = query | key | masks
-        hinted = {t.name for t in self.hints.inputs}
-        # A fused attention node is reached through its Q, K and V, never past it from a mask
-        # over the keys it reads: that mask does not make the next layer's Q.
-        fused = {layer.output for layer in self.by_q.values() if layer.kind == "fused"}
-        walks = _Walks(query, key, masks)
-        for name in self.index.graph_inputs:
-            if name not in hinted:
-                # Through data only, up to the attention inputs.
-                walks.input_reach[name] = self.index.computed_from(
-                    [name], stop=hinted | fused, ends=ends, through_shapes=False
-                )
-        # Nearly every hinted tensor feeds Q, K or V: find those in one walk back, and follow
-        # only the others forward.
-        feeds_attention = _upstream(self.index, query | key, ends)
-        for tensor in self.hints.inputs:
-            if not self.index.has_tensor(tensor.name) or tensor.name in feeds_attention:
-                continue
-            reached = self.index.computed_from([tensor.name], ends=ends, through_shapes=False)
-            reached_masks = sorted(reached & masks)
-            if reached_masks and not reached & (query | key):
-                reached_axes = self._axes_reached([(tensor.name, tensor.seq_len_idx)], masks)
-                walks.mask_only.append((tensor, reached_masks, reached_axes))
-        return walks
-
-    def _axes_reached(
-        self, starts: list[tuple[str, int]], masks: set[str], stop: set[str] | None = None
-    ) -> dict[str, set[int]]:
-        """The axes of ``masks`` that the axes ``starts`` (tensor, axis) become, followed
-        forward through the ops that map them, not past ``stop`` (none where an op in between
-        merges the axis with another, as TorchScript's BERT flattens its padding mask)."""
-        if self.shapes is None:
-            return {}
-        if self._mapper is None:
-            layers = list(self.by_q.values())
-            self._mapper = AxisMapper(self.index, self.shapes, sequence_dim(self.shapes, layers))
-        mapper = self._mapper
-        queue, seen = deque(starts), set(starts)
-        reached: dict[str, set[int]] = {}
-        while queue:
-            name, axis = queue.popleft()
-            if name in masks:
-                reached.setdefault(name, set()).add(axis)
-                continue
-            if stop is not None and name in stop:
-                continue
-            for node in self.index.consumers_of(name):
-                output = node.outputs[0] if node.outputs else ""
-                if not output or node.op_type in SHAPE_OPS:
-                    continue
-                out_axis = mapper.output_axis(node, name, axis)
-                if out_axis is not None and (output, out_axis) not in seen:
-                    seen.add((output, out_axis))
-                    queue.append((output, out_axis))
-        return reached
-
-    def _unhinted_inputs(
+    def _check_unhinted_inputs(
         self,
         changing: Callable[[str], list[int] | None],
         first: dict[str, tuple[int, ...]],
-        walks: _Walks,
+        walks: Walks,
     ) -> None:
         query, key, masks = walks.query, walks.key, walks.masks
         hinted = {t.name for t in self.hints.inputs}
@@ -431,7 +363,7 @@ class RuntimeCheck:
                 )
             elif reached & masks:
                 # Each rank computes the masks whole from it: right for their key axes only.
-                reached_axes = self._axes_reached([(name, a) for a in axes], masks, hinted)
+                reached_axes = self._axes.reached([(name, a) for a in axes], masks, hinted)
                 over_queries = sorted(
                     mask
                     for mask, mask_axes in reached_axes.items()
@@ -462,7 +394,7 @@ class RuntimeCheck:
                     observed="whole",
                 )
 
-    def _key_only_inputs(self, first: dict[str, tuple[int, ...]], walks: _Walks) -> None:
+    def _check_key_only_inputs(self, first: dict[str, tuple[int, ...]], walks: Walks) -> None:
         """A hinted tensor that reaches no Q, K or V, only masks, and whose hinted axis becomes
         the key axis of one: scattering it cuts that mask over the keys, which must stay whole
         since K and V are gathered whole. (Scattering such a mask along its query axis is
@@ -506,206 +438,5 @@ class RuntimeCheck:
             )
 
 
-@dataclass
-class _Walks:
-    """What the comparison needs of the graph: the attention inputs, what each unhinted graph
-    input reaches, and the hinted tensors that reach only masks."""
-
-    query: set[str]
-    key: set[str]
-    masks: set[str]
-    input_reach: dict[str, set[str]] = field(default_factory=dict)
-    # Each hinted tensor that reaches only masks, with those masks and the axes of theirs
-    # that its hinted axis becomes (where it can be followed).
-    mask_only: list[tuple[ShardTensor, list[str], dict[str, set[int]]]] = field(
-        default_factory=list
-    )
-
-
-def _attention_sides(
-    index: GraphIndex, by_q: dict[str, AttentionLayer], hints: ShardHints
-) -> tuple[set[str], set[str], set[str]]:
-    """The layers' Q; their K and V; their masks, with what else a fused attention node reads
-    beside Q, K and V from data (a mask over the keys: key_padding_mask, mask_index), which
-    ends the walks as the masks do instead of leading through the node to the next layer."""
-    layers = [by_q[h.q] for h in hints.attention_layers if h.q in by_q] or list(by_q.values())
-    query = {layer.q for layer in layers}
-    key = {layer.gathered_k for layer in layers} | {layer.gathered_v for layer in layers}
-    masks = {m for layer in layers for m in layer.masks}
-    for layer in layers:
-        if layer.kind == "fused":
-            node = index.nodes[layer.internal[0]]
-            sides = {layer.q, layer.gathered_k, layer.gathered_v}
-            masks.update(
-                name
-                for name in node.inputs
-                if name and name not in sides and index.constant_tensor(name) is None
-            )
-    return query, key, masks
-
-
-def _upstream(index: GraphIndex, targets: set[str], ends: set[str]) -> set[str]:
-    """Every tensor from which ``computed_from`` (with these ``ends``, through data only)
-    would reach a target: a walk back through data (not Shape), not going on past an end."""
-    found = set(targets)
-    queue = deque(targets)
-    while queue:
-        tensor = queue.popleft()
-        producer = index.producer_of(tensor)
-        if producer is None or producer.op_type in SHAPE_OPS:
-            continue
-        for name in producer.inputs:
-            if name and name not in found:
-                found.add(name)
-                if name not in ends:
-                    queue.append(name)
-    return found
-
-
-def watched_tensors(
-    index: GraphIndex, hints: ShardHints, by_q: dict[str, AttentionLayer]
-) -> dict[str, str]:
-    """The tensors the runs expose and compare: tensor -> why it is watched (hint field)."""
-    watched: dict[str, str] = {}
-    for kind, tensors in (("inputs", hints.inputs), ("outputs", hints.outputs)):
-        for t in tensors:
-            if index.has_tensor(t.name):
-                watched.setdefault(t.name, f"{kind}[name={t.name}]")
-    for hint in hints.attention_layers:
-        layer = by_q.get(hint.q)
-        if layer is not None:
-            watched.setdefault(layer.q, f"attention_layers[q={hint.q}]")
-            watched.setdefault(layer.gathered_k, "k_seq_len_idx")
-            watched.setdefault(layer.gathered_v, "v_seq_len_idx")
-            for mask in layer.masks:
-                watched.setdefault(mask, "mask")
-    for name in index.graph_inputs:
-        watched.setdefault(name, "graph input")
-    return watched
-
-
-class PendingSession:
-    """The onnxruntime session of the runs, made in the background from the start.
-
-    Making the session (loading the model, making its kernels) is most of verify's onnxruntime
-    time, and onnxruntime releases the GIL while it does it: the analysis (shape inference,
-    detection, the static checks) runs meanwhile. The model with the watched tensors as outputs
-    is serialized here, in the caller's thread, since that reads the index's model.
-    """
-
-    def __init__(
-        self,
-        index: GraphIndex,
-        model_path: Path,
-        watched: dict[str, str],
-        serialized: bytes | None = None,
-    ) -> None:
-        self.watched = watched
-        extra = [name for name in watched if name not in index.graph_inputs]
-        check_weight_files(index, model_path)
-        model = _with_outputs(index, extra, serialized)
-        self._making = InBackground(
-            "shardcheck-session", _session, model, weights_dir(model_path), index.source
-        )
-
-    def settle(self) -> None:
-        """Wait until onnxruntime has made the session, or failed to (its error is not
-        raised here)."""
-        self._making.wait()
-
-    def session(self, progress: Progress | None = None) -> _Session:
-        """The session, once made; ``progress`` hears when that takes more than a second."""
-        if progress is not None and not self._making.wait(1.0):
-            progress("onnxruntime is still loading the model...")
-        return self._making.result()
-
-
-class _Session:
-    def __init__(self, session: Any, source: str) -> None:
-        self.session = session
-        self.source = source  # the model file, for messages
-        self.outputs = [o.name for o in session.get_outputs()]
-        self.last: tuple[list[str], list[np.ndarray]] = ([], [])
-
-
-def _session(model: bytes, weights_dir: Path, source: str) -> _Session:
-    try:
-        session = make_session(model, weights_dir)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise InputError(
-            f"{source}: onnxruntime cannot load the model: {_short(str(exc))}"
-        ) from None
-    return _Session(session, source)
-
-
-def _run(
-    session: _Session,
-    feeds: dict[str, np.ndarray],
-    timeout: float | None,
-    progress: Progress | None,
-    length: int,
-) -> str | None:
-    """Run once; the error message on failure. A timeout cancels the run."""
-    import onnxruntime
-
-    run_options = onnxruntime.RunOptions()
-    timers: list[threading.Timer] = []
-    if progress is not None:
-        timers.append(
-            threading.Timer(
-                1.0, progress, args=(f"running onnxruntime at sequence length {length}...",)
-            )
-        )
-    if timeout is not None:
-        timers.append(threading.Timer(timeout, lambda: setattr(run_options, "terminate", True)))
-    for timer in timers:
-        timer.daemon = True
-        timer.start()
-    try:
-        values = session.session.run(session.outputs, feeds, run_options)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        if run_options.terminate:
-            raise InputError(
-                f"{session.source}: onnxruntime did not finish within --timeout {timeout} s "
-                f"(sequence length {length}); give it more time or use shorter --seq-lens"
-            ) from None
-        return " ".join(str(exc).split())
-    finally:
-        for timer in timers:
-            timer.cancel()
-    session.last = (session.outputs, values)
-    return None
-
-
-def _with_outputs(
-    index: GraphIndex, extra: Iterable[str], serialized: bytes | None = None
-) -> bytes:
-    """The serialized model with ``extra`` tensors as outputs too; external weights stay in
-    their files (onnxruntime reads them there).
-
-    ``serialized``: the model file's own bytes, when it is a protobuf whose weights are all
-    inside it. Then nothing is serialized: protobuf merges a message read after another into
-    it, appending to repeated fields, so the file's bytes followed by a ModelProto holding only
-    the new graph outputs read as the model with those outputs added.
-    """
-    present = {o.name for o in index.model.graph.output}
-    added = []
-    for name in extra:
-        if name not in present and name not in index.initializers:
-            added.append(onnx.ValueInfoProto(name=name))
-            present.add(name)
-    if serialized is not None:
-        return serialized + onnx.ModelProto(graph=onnx.GraphProto(output=added)).SerializeToString()
-    # The index's own model is lent: it gets the outputs for the time of the serialization.
-    outputs = index.model.graph.output
-    declared = len(outputs)
-    try:
-        outputs.extend(added)
-        return index.model.SerializeToString()
-    finally:
-        del outputs[declared:]
-
-
-def _short(message: str, limit: int = 300) -> str:
-    message = " ".join(message.split())
-    return message if len(message) <= limit else message[: limit - 3] + "..."
+def _shortened(message: str) -> str:
+    return error_text(message, limit=MESSAGE_LIMIT)

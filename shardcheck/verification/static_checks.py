@@ -18,6 +18,8 @@ def check_static(
     layers: list[AttentionLayer],
     report: Report,
 ) -> None:
+    """Add to ``report`` what the hints get wrong by the graph alone: tensors, axes, ranks,
+    layers, collectives."""
     by_q = {layer.q: layer for layer in layers}
     if hints.parallelism != "CP":
         report.add(
@@ -152,16 +154,8 @@ def _check_tensor(
             expected=f"< {rank}",
             observed=tensor.seq_len_idx,
         )
-    if rank is not None and tensor.rank is not None and tensor.rank != rank:
-        report.add(
-            "SC104",
-            ERROR,
-            f"{field}.rank",
-            f"rank {tensor.rank} given for {tensor.name!r}, the model says {rank}",
-            tensor=tensor.name,
-            expected=rank,
-            observed=tensor.rank,
-        )
+    if rank is not None:
+        check_given_rank(report, field, tensor, rank, known_as=", the model says {rank}")
 
 
 def _check_kv(hints: ShardHints, layers: list[AttentionLayer], report: Report) -> None:
@@ -332,3 +326,21 @@ class _Scattered:
         if self._reached is None:
             self._reached = self.index.computed_from(self.starts)
         return layer.gathered_k in self._reached or layer.gathered_v in self._reached
+
+
+def check_given_rank(
+    report: Report, field: str, tensor: ShardTensor, rank: int, *, known_as: str
+) -> None:
+    """SC104 when ``tensor`` is hinted with a rank other than ``rank``; ``known_as`` says how
+    the rank is known (the model declares it, or the runs show it)."""
+    if tensor.rank is None or tensor.rank == rank:
+        return
+    report.add(
+        "SC104",
+        ERROR,
+        f"{field}.rank",
+        f"rank {tensor.rank} given for {tensor.name!r}{known_as.format(rank=rank)}",
+        tensor=tensor.name,
+        expected=rank,
+        observed=tensor.rank,
+    )

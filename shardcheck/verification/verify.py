@@ -1,5 +1,5 @@
-"""``verify``: do the hints fit the model? Static checks (verify_static.py), then onnxruntime
-runs at several lengths (verify_runtime.py), then, with ``ranks``, the CP simulation.
+"""``verify``: do the hints fit the model? Static checks (static_checks.py), then onnxruntime
+runs at several lengths (run_checks.py), then, with ``ranks``, the CP simulation.
 
 The static part reads only the graph index. The runtime part runs the model once per sequence
 length with every hinted tensor, and each layer's Q and gathered K and V, exposed as outputs,
@@ -9,31 +9,35 @@ whatever the dims are called. With ``ranks``, the CP simulation runs as well.
 
 from __future__ import annotations
 
-import math
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardcheck.analysis.detect import AttentionLayer, detect_attention, layer_tensors
+from shardcheck.analysis.detect import (
+    AttentionLayer,
+    detect_attention,
+    gathered_by_q,
+    layer_tensors,
+)
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.errors import HintsMismatchError, InputError, ShardcheckError
 from shardcheck.generation.options import DEFAULT_SEQ_LENS
 from shardcheck.graph.index import GraphIndex, gc_paused
 from shardcheck.graph.loader import index_parsed, parse_model
+from shardcheck.hints.codec import validated
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, validated
+from shardcheck.hints.model import ShardHints
 from shardcheck.lifetime import keep_until_exit
-from shardcheck.runtime.feeds import (
-    BATCH_DIM_DEFAULT,
-    BATCH_LIKE,
-    OTHER_DIM_DEFAULT,
-    check_user_dims,
-    resolve_dims,
+from shardcheck.runtime.memory import refuse_oversized_weights
+from shardcheck.runtime.settings import (
+    refuse_bad_ranks,
+    refuse_bad_seq_lens,
+    refuse_bad_timeout,
+    refuse_bad_tolerances,
 )
-from shardcheck.runtime.memory import check_weights
-from shardcheck.sharding.rewrite import gathered_by_q
+from shardcheck.runtime.sizes import default_dim, refuse_bad_user_dims, resolve_dims
 from shardcheck.simulation.simulate import (
     ReferenceRun,
     Simulation,
@@ -41,19 +45,15 @@ from shardcheck.simulation.simulate import (
     unsplittable_message,
 )
 from shardcheck.verification.findings import ERROR, INFO, Report
-from shardcheck.verification.run_checks import (
-    DimChooser,
-    PendingSession,
-    Progress,
-    RuntimeCheck,
-    watched_tensors,
-)
+from shardcheck.verification.run_checks import DimChooser, RuntimeCheck
+from shardcheck.verification.session import PendingSession, Progress
 from shardcheck.verification.static_checks import check_static
+from shardcheck.verification.walks import watched_tensors
 from shardcheck.wording import counted, listed
 
 
 # Its analysis makes many small objects and no cycles; the collector only walked them again
-# and again (on a 32k-node graph ~70 collections per verify, 47-96 ms in all).
+# and again.
 @gc_paused()
 def verify(
     model_path: str | os.PathLike[str],
@@ -72,22 +72,11 @@ def verify(
     """Check ``hints`` against ``model_path``; every finding is collected, not only the first.
 
     ``hints_source``: what messages call ``hints`` when it is a ShardHints, not a file."""
-    if len(seq_lens) < 2 or len(set(seq_lens)) != len(seq_lens) or min(seq_lens) < 1:
-        raise InputError(
-            f"--seq-lens {','.join(map(str, seq_lens))}: give at least two different positive "
-            "lengths, e.g. 8,16"
-        )
-    # threading.Timer takes no NaN, infinity or wait past TIMEOUT_MAX (it fails in its thread).
-    if timeout is not None and not 0 < timeout <= threading.TIMEOUT_MAX:
-        raise InputError(
-            f"--timeout {timeout}: expected a positive number of seconds "
-            f"(at most {threading.TIMEOUT_MAX:.0f})"
-        )
-    for option, value in (("--rtol", rtol), ("--atol", atol)):
-        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
-            raise InputError(f"{option} {value}: expected a finite number >= 0")
-    if ranks is not None and ranks < 1:
-        raise InputError(f"--ranks {ranks}: expected at least 1 rank")
+    refuse_bad_seq_lens(seq_lens)
+    refuse_bad_timeout(timeout)
+    refuse_bad_tolerances(rtol, atol)
+    if ranks is not None:
+        refuse_bad_ranks(ranks)
     parsed = parse_model(model_path, keep_bytes=True)
     if isinstance(hints, ShardHints):
         hints = validated(hints, hints_source)
@@ -97,7 +86,7 @@ def verify(
     index = index_parsed(parsed)
     # onnxruntime loads the model while the analysis and the checker run (the session is only
     # used once both have passed); the weights must fit first.
-    check_weights(index)
+    refuse_oversized_weights(index)
     early = {layer.q: layer for layer in layer_tensors(index)}
     watched = watched_tensors(index, hints, early)
     pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
@@ -154,7 +143,7 @@ def verify(
                 matched = _simulate(
                     simulation, settings, lengths, choose, runtime, report, progress
                 )
-        runtime.report_baked(matched, ranks)
+        runtime.check_baked(matched, ranks)
         keep_until_exit(pending, simulation, runtime, shapes, index, parsed)
     except Exception:
         # No onnxruntime work is left running behind an error: a process that ends while a
@@ -206,7 +195,7 @@ def _dim_chooser(
     lengths are two, both set to the run's length. (A length only keys have, a memory's, is
     not varied: it may be held whole.) Where the attention's length is fixed (ViT's patches),
     nothing is varied; only without attention do the hints decide."""
-    names = check_user_dims(index, user_dims)
+    names = refuse_bad_user_dims(index, user_dims)
     sequences: list[str] = []
     for layer in layers:
         q_shape = shapes.shape(layer.q)
@@ -231,7 +220,7 @@ def _dim_chooser(
 
     def choose(length: int) -> dict[str, int]:
         return {
-            name: user_dims.get(name, length if name in sequences else _default_dim(name))
+            name: user_dims.get(name, length if name in sequences else default_dim(name))
             for name in names
         }
 
@@ -264,10 +253,6 @@ def _refuse_unsplittable_lengths(
         f"--ranks {ranks}: at sequence length {length}, "
         f"{unsplittable_message(tensor, size, ranks)}; choose --seq-lens accordingly"
     )
-
-
-def _default_dim(name: str) -> int:
-    return BATCH_DIM_DEFAULT if BATCH_LIKE.search(name) else OTHER_DIM_DEFAULT
 
 
 # --------------------------------------------------------------------------- simulation

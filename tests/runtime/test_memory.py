@@ -19,7 +19,13 @@ from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.files import write_hints
-from shardcheck.runtime.memory import available_bytes, check_memory, estimate, human, resolve
+from shardcheck.runtime.memory import (
+    available_bytes,
+    estimate,
+    human,
+    refuse_oversized_run,
+    resolve,
+)
 
 MODEL = FIXTURES / "attention_head.onnx"  # x [batch, sequence_len, 16] -> scores [b, S, S]
 HINTS = GOLDEN / "attention_head.json"
@@ -79,13 +85,13 @@ def test_estimate_sizes_each_tensor_by_its_own_element_type() -> None:
     assert found.total == 2 * narrow_bytes + 2 * wide_bytes
 
 
-def test_check_memory_refuses_with_the_length_the_dims_and_the_estimate() -> None:
+def test_an_oversized_run_is_refused_with_the_length_the_dims_and_the_estimate() -> None:
     index = load_index(MODEL)
     dims = {"batch": 1, "sequence_len": 4096}
     needed = estimate(index, dims).total
-    assert check_memory(index, dims, seq_len=4096, available=needed).total == needed
+    assert refuse_oversized_run(index, dims, seq_len=4096, available=needed).total == needed
     with pytest.raises(InputError) as refused:
-        check_memory(index, dims, seq_len=4096, available=needed - 1)
+        refuse_oversized_run(index, dims, seq_len=4096, available=needed - 1)
     message = refused.value.message
     assert message.startswith(f"{index.source}: sequence length 4096 ")
     assert "(dims batch=1, sequence_len=4096)" in message
@@ -185,12 +191,12 @@ def test_timeout_cancels_a_slow_onnxruntime_run(tmp_path: Path) -> None:
 def test_verify_refuses_weights_that_cannot_fit_before_onnxruntime_loads_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import shardcheck.runtime.memory as budget
+    import shardcheck.runtime.memory as memory
 
     index = load_index(MODEL)
-    weights = budget.weights_bytes(index)
+    weights = memory.weights_bytes(index)
     assert weights == 16 * 16 * 4 * 3  # three float32 [16, 16] projections
-    monkeypatch.setattr(budget, "available_bytes", lambda: weights - 1)
+    monkeypatch.setattr(memory, "available_bytes", lambda: weights - 1)
     result = run_cli("verify", MODEL, HINTS)
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()

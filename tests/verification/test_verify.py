@@ -579,15 +579,15 @@ def test_the_watched_outputs_appended_to_the_files_bytes_make_the_same_model() -
     import onnx
 
     from shardcheck.graph.loader import parse_model
-    from shardcheck.verification.run_checks import _with_outputs
+    from shardcheck.verification.session import serialized_with_outputs
 
     parsed = parse_model(BERT)
     assert parsed.serialized is not None
     index = GraphIndex(parsed.model, source=str(BERT))
     extra = [index.nodes[i].outputs[0] for i in (3, 10, 3)]  # a repeat is added once
     extra.append(index.graph_outputs[0])  # already an output: not added again
-    appended = onnx.ModelProto.FromString(_with_outputs(index, extra, parsed.serialized))
-    serialized = onnx.ModelProto.FromString(_with_outputs(index, extra))
+    appended = onnx.ModelProto.FromString(serialized_with_outputs(index, extra, parsed.serialized))
+    serialized = onnx.ModelProto.FromString(serialized_with_outputs(index, extra))
     assert appended == serialized
     names = [o.name for o in appended.graph.output]
     assert names == [*index.graph_outputs, extra[0], extra[1]]
@@ -599,17 +599,17 @@ def test_a_slow_model_load_is_announced_on_the_progress_line(
 ) -> None:
     """onnxruntime loads the model in the background; waiting for it more than a second says
     so (a real session, made a little late)."""
-    import sys
     import time
 
-    runtime = sys.modules["shardcheck.verification.run_checks"]
-    make = runtime._session
+    from shardcheck.verification import session as session_module
+
+    make = session_module.load_session
 
     def slow_session(*args: Any) -> Any:
         time.sleep(1.3)
         return make(*args)
 
-    monkeypatch.setattr(runtime, "_session", slow_session)
+    monkeypatch.setattr(session_module, "load_session", slow_session)
     heard: list[str] = []
     report = verify(FIXTURES / "attention.onnx", GOLDEN / "attention.json", progress=heard.append)
     assert report.ok
@@ -667,7 +667,7 @@ import time
 from onnx import TensorProto, helper
 from shardcheck.runtime.background import InBackground
 from shardcheck.cli import main
-from shardcheck.runtime.feeds import make_session
+from shardcheck.runtime.sessions import make_session
 
 def chain(length):
     nodes = [
@@ -718,10 +718,10 @@ def test_the_exit_code_is_the_verdicts_while_onnxruntime_still_works_in_the_back
 
 def _slowed(monkeypatch: pytest.MonkeyPatch, module_name: str, function: str) -> None:
     """Make ``module.function`` (a session maker) take a second more."""
-    import sys
+    import importlib
     import time
 
-    module = sys.modules[module_name]
+    module = importlib.import_module(module_name)
     make = getattr(module, function)
 
     def slow(*args: Any) -> Any:
@@ -747,7 +747,7 @@ def test_an_error_leaves_no_session_being_made_behind_it(
     model.graph.node[1].name = model.graph.node[0].name = "twice"  # refused by the checks
     path = tmp_path / "duplicate_names.onnx"
     onnx.save(model, path)
-    _slowed(monkeypatch, "shardcheck.verification.run_checks", "_session")
+    _slowed(monkeypatch, "shardcheck.verification.session", "load_session")
     with pytest.raises(InputError, match="twice"):
         verify(path, GOLDEN / "attention.json")
     assert not _alive("shardcheck-session")
@@ -761,11 +761,11 @@ def test_an_error_leaves_no_session_being_made_behind_it(
     assert not _alive("shardcheck-single-device")
 
 
-def test_the_readme_lists_every_finding_code_once() -> None:
+def test_the_findings_doc_lists_every_finding_code_once() -> None:
     from shardcheck.verification.findings import CODES
 
-    readme = (REAL.parents[1] / "README.md").read_text()
-    listed = re.findall(r"\| (SC\d{3}) \|", readme)
+    findings_doc = (REAL.parents[1] / "docs" / "findings.md").read_text()
+    listed = re.findall(r"\| (SC\d{3}) \|", findings_doc)
     assert sorted(listed) == sorted(CODES)
 
 
@@ -966,15 +966,15 @@ def test_the_checkers_verdict_comes_before_what_the_analysis_refuses(tmp_path: P
 def test_verify_hands_its_session_to_the_console_commands_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Destroying the onnxruntime sessions of a verify of a 32k-node model takes 0.15-0.45 s;
-    the console command's exit frees them with the process instead (lifetime.py)."""
+    """Destroying the onnxruntime sessions of a verify of a large model takes a while; the
+    console command's exit frees them with the process instead (lifetime.py)."""
     from shardcheck import lifetime
-    from shardcheck.verification.run_checks import PendingSession
+    from shardcheck.verification.session import PendingSession
 
     monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
     report = verify(FIXTURES / "attention_head.onnx", GOLDEN / "attention_head.json", ranks=2)
     assert report.ok
-    assert [type(o) for o in lifetime._kept if isinstance(o, PendingSession)] == [PendingSession]
+    assert [type(o) for o in lifetime.kept() if isinstance(o, PendingSession)] == [PendingSession]
 
 
 def test_hints_that_scatter_nothing_are_warned_of() -> None:

@@ -1,4 +1,4 @@
-"""Feeds for onnxruntime runs: which dims, which values."""
+"""Inputs for onnxruntime runs: which dims, which values; the sessions that run them."""
 
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ from onnx import TensorProto, helper
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
 from shardcheck.hints.model import ShardHints, ShardTensor
-from shardcheck.runtime.feeds import (
-    embedding_table_size,
-    make_feeds,
-    make_session,
-    resolve_dims,
-    run_model,
-)
+from shardcheck.runtime.feeds import embedding_table_size, make_feeds
+from shardcheck.runtime.sessions import error_text, failed_node, make_session, run_model
+from shardcheck.runtime.sizes import resolve_dims
 
 REAL = FIXTURES / "real"
 
@@ -159,3 +155,24 @@ def test_without_graph_optimizations_the_outputs_are_onnxruntimes_usual_ones() -
     assert len(observed) == len(expected)
     for ours, theirs in zip(observed, expected, strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+ONNXRUNTIME_ERROR = (
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node.\n"
+    "Name:'reshape' Status Message: /src/cpu/tensor/reshape_helper.h:45 "
+    "onnxruntime::ReshapeHelper::ReshapeHelper(const TensorShape&, bool) The input tensor "
+    "cannot be reshaped to the requested shape\n"
+)
+
+
+def test_an_onnxruntime_error_is_read_for_its_node_and_its_status() -> None:
+    assert failed_node(ONNXRUNTIME_ERROR) == "reshape"
+    assert failed_node("Name:'' Status Message: x") == ""  # an unnamed node
+    assert failed_node("no node named") is None
+    assert error_text(ONNXRUNTIME_ERROR, status_only=True) == (
+        "The input tensor cannot be reshaped to the requested shape"
+    )
+    whole = error_text(ONNXRUNTIME_ERROR)
+    assert "\n" not in whole and whole.startswith("[ONNXRuntimeError] : 1 : FAIL")
+    short = error_text(ONNXRUNTIME_ERROR, limit=40)
+    assert len(short) == 40 and short == whole[:37] + "..."
