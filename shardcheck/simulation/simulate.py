@@ -1,82 +1,43 @@
 """Check shard hints by running the sharded model on N simulated ranks (``simulate``).
 
 The model is sharded with the hints (``shard.shard_model``), run on N ranks on the CPU
-(``ranks.RankSimulator``: one onnxruntime session per stage, collectives in numpy) and every
+(``simulator.RankSimulator``: one onnxruntime session per stage, collectives in numpy) and every
 rank's outputs are compared with the single-device run on the same seeded inputs. On the happy
 path that is the single-device inference plus one pass of every stage per rank, and nothing
-else.
-
-On a mismatch (or when a rank cannot run), a diagnostic pass runs both models again with every
-inner tensor as an output and names the first tensor, in topological order, where a rank's
-value differs from its slice of the single-device tensor, and the node that made it. The slice
-axis is the one axis where the rank's shape is the single-device shape divided by N; a tensor
-that the shard created stands for the tensor it scatters or gathers. Tensors that only hold
-shapes (``Shape`` and the integer arithmetic on it) hold the local length on a rank, by design,
-and are not compared.
+else; on a mismatch (or when a rank cannot run), a diagnostic pass names the first tensor where
+a rank differs (compare.py).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
-from shardcheck.analysis.detect import detect_attention
+from shardcheck.analysis.detect import detect_attention, gathered_by_q
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions, size_at
 from shardcheck.errors import InputError
-from shardcheck.graph.index import SHAPE_OPS, GraphIndex, gc_paused
+from shardcheck.graph.index import GraphIndex, gc_paused
 from shardcheck.graph.loader import check_weight_files, index_parsed, parse_model, weights_dir
+from shardcheck.hints.codec import validated
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, ShardTensor, validated
+from shardcheck.hints.model import ShardHints, ShardTensor
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.background import InBackground
-from shardcheck.runtime.feeds import (
-    make_feeds,
-    make_session,
-    refuse_pinned_sequence,
-    resolve_dims,
-    run_model,
-    sequence_dims,
-)
-from shardcheck.runtime.memory import check_memory, check_weights
-from shardcheck.sharding.rewrite import gathered_by_q, shard_model
-from shardcheck.simulation.simulator import (
-    RankFailure,
-    RankSimulator,
-    RankValues,
-    ort_errors,
-    untyped_output,
-)
+from shardcheck.runtime.feeds import make_feeds
+from shardcheck.runtime.memory import refuse_oversized_run, refuse_oversized_weights
+from shardcheck.runtime.sessions import error_text, make_session, onnxruntime_errors
+from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_run_settings, refuse_sub_groups
+from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
+from shardcheck.sharding.rewrite import shard_model
+from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
+from shardcheck.simulation.rank_values import RankFailure
+from shardcheck.simulation.simulator import RankSimulator
 from shardcheck.wording import counted
-
-# The integer arithmetic that exporters write on shapes (Shape -> Gather -> Concat -> Reshape).
-SHAPE_ARITHMETIC = frozenset(
-    "Gather Slice Concat Unsqueeze Squeeze Cast Reshape Identity Add Sub Mul Div Mod Neg Abs "
-    "Max Min Floor Ceil Sqrt Equal Less Greater LessOrEqual GreaterOrEqual Not And Or Where "
-    "ReduceProd".split()
-)
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """Where a rank first differs from the single-device run."""
-
-    tensor: str  # tensor of the sharded model
-    original: str  # the single-device tensor it stands for
-    node: str  # the node that made it
-    op_type: str
-    rank: int
-    max_abs_error: float | None  # None when no value could be compared
-    detail: str
-    failed: bool = False  # the rank could not compute it (onnxruntime or a collective refused)
 
 
 @dataclass(frozen=True)
@@ -151,8 +112,8 @@ def simulate(
 ) -> SimulationResult:
     """Shard ``model_path`` with ``hints``, run it on ``ranks`` simulated ranks and compare
     every rank's outputs with the single-device run on the same seeded inputs."""
-    _check_ranks(ranks)
-    _check_run_settings(ranks, seq_len, rtol, atol)
+    refuse_bad_ranks(ranks)
+    refuse_bad_run_settings(seq_len, rtol, atol)
     simulation = Simulation(model_path, hints, ranks=ranks)
     try:
         # The user's --dim only: verify hands its runs' dims, the sequence's too, to run().
@@ -165,33 +126,6 @@ def simulate(
     result = simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
     keep_until_exit(simulation)  # its sessions: freed by the console command's exit
     return result
-
-
-def _refuse_sub_groups(hints: ShardHints, ranks: int, hints_source: str) -> None:
-    """InputError for collectives over part of the ranks: the simulator runs them over all."""
-    dist = hints.dist_collectives
-    if (dist.groups and list(dist.groups) != list(range(ranks))) or dist.group_size not in (
-        0,
-        ranks,
-    ):
-        raise InputError(
-            f"{hints_source}: dist_collectives: groups {list(dist.groups)}, group_size "
-            f"{dist.group_size}: the simulator runs collectives over all {ranks} ranks only; "
-            "simulate hints made without --groups and --gpus, or with --ranks matching them"
-        )
-
-
-def _check_ranks(ranks: int) -> None:
-    if ranks < 1:
-        raise InputError(f"--ranks {ranks}: expected at least 1 rank")
-
-
-def _check_run_settings(ranks: int, seq_len: int, rtol: float, atol: float) -> None:
-    for option, value in (("--rtol", rtol), ("--atol", atol)):
-        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
-            raise InputError(f"{option} {value}: expected a finite number >= 0")
-    if seq_len < 1:
-        raise InputError(f"--seq-len {seq_len}: the sequence length must be positive")
 
 
 def first_unsplittable(
@@ -248,7 +182,7 @@ class Simulation:
         hints_source: str = "<hints>",
     ) -> None:
         """``hints_source``: the file ``hints`` was read from, when given as ShardHints."""
-        _check_ranks(ranks)
+        refuse_bad_ranks(ranks)
         self.ranks = ranks
         self._single_device: Any = None
         self._single_device_making: InBackground[Any] | None = None
@@ -274,7 +208,7 @@ class Simulation:
         if index is None:
             index = self._load(model_path)  # the parse refuses a bad path first
         else:
-            check_weights(index)
+            refuse_oversized_weights(index)
             check_weight_files(index, model_path)
         self.index = index
         self.weights_dir = weights_dir(model_path)
@@ -283,7 +217,13 @@ class Simulation:
         else:
             hints_source, hints = str(hints), read_hints(hints)
         self.hints = hints
-        _refuse_sub_groups(hints, ranks, hints_source)
+        refuse_sub_groups(
+            f"{hints_source}: dist_collectives",
+            hints.dist_collectives.groups,
+            hints.dist_collectives.group_size,
+            ranks,
+            "simulate hints made without --groups and --gpus, or with --ranks matching them",
+        )
         self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)
         if layers is None:
             layers = gathered_by_q(detect_attention(index, shapes))
@@ -299,7 +239,7 @@ class Simulation:
         checked, analysed and sharded: making it is most of that run's cost."""
         parsed = parse_model(model_path, keep_bytes=True)
         index = index_parsed(parsed)
-        check_weights(index)
+        refuse_oversized_weights(index)
         check_weight_files(index, model_path)
         self._single_device_making = InBackground(
             "shardcheck-single-device",
@@ -344,7 +284,7 @@ class Simulation:
         seed: int,
         reference: ReferenceRun | None,
     ) -> SimulationResult:
-        _check_run_settings(self.ranks, seq_len, rtol, atol)
+        refuse_bad_run_settings(seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
         lengths = sequence_dims(index, self.hints, dims or {}, self.shapes)
@@ -360,7 +300,9 @@ class Simulation:
                 else f"--seq-len {seq_len}: {unsplittable_message(tensor, size, self.ranks)}; "
                 "choose a length at which it is, so that every rank holds as many positions"
             )
-        check_memory(index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes)
+        refuse_oversized_run(
+            index, resolved, seq_len=seq_len, option="--seq-len", shapes=self.shapes
+        )
         feeds = make_feeds(index, resolved, seed)
         single_device_runs = 0
         if reference is not None and dict(reference.dims) == resolved and reference.seed == seed:
@@ -374,11 +316,11 @@ class Simulation:
         try:
             values = simulator.run(feeds)
         except RankFailure as failure:
-            first: Mismatch | None = _failure_mismatch(simulator, failure)
+            first: Mismatch | None = failure_mismatch(simulator, failure)
         else:
-            worst, first = _compare_outputs(simulator, values, expected, rtol, atol)
+            worst, first = compare_outputs(simulator, values, expected, rtol, atol)
         if first is not None:
-            first = _diagnose(simulator, self.model, feeds, rtol, atol) or first
+            first = diagnose(simulator, self.model, feeds, rtol, atol) or first
             single_device_runs += 1
         return SimulationResult(
             ok=first is None,
@@ -408,196 +350,10 @@ class Simulation:
                     else make_session(self.model, self.weights_dir)
                 )
             values = self._single_device.run(names, dict(feeds))
-        except ort_errors() as error:
+        except onnxruntime_errors() as error:
             chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
             raise InputError(
                 f"{self.index.source}: the single-device model does not run with dims "
-                f"{chosen}: {' '.join(str(error).split())}"
+                f"{chosen}: {error_text(str(error))}"
             ) from None
         return dict(zip(names, values, strict=True))
-
-
-# --------------------------------------------------------------------------- comparing
-
-
-def _compare_outputs(
-    simulator: RankSimulator,
-    values: RankValues,
-    reference: Mapping[str, np.ndarray],
-    rtol: float,
-    atol: float,
-) -> tuple[float, Mismatch | None]:
-    """The largest difference over the outputs of every rank, and the first one that differs."""
-    worst = 0.0
-    for original, name in simulator.sharded.outputs.items():
-        full = reference[original]
-        node, op_type = simulator.made_by(name)
-        for rank, rank_values in enumerate(values.per_rank):
-            local = rank_values[name]
-            if local.shape != full.shape:
-                detail = (
-                    f"the graph output has shape {list(local.shape)} on the rank but "
-                    f"{list(full.shape)} on a single device"
-                )
-                return worst, Mismatch(name, original, node, op_type, rank, None, detail)
-            match, error = compare_values(local, full, rtol, atol)
-            if not match:
-                detail = "the graph output differs from the single-device output"
-                return worst, Mismatch(name, original, node, op_type, rank, error, detail)
-            worst = max(worst, error)
-    return worst, None
-
-
-def compare_to_slice(
-    local: np.ndarray, full: np.ndarray, rank: int, ranks: int, rtol: float, atol: float
-) -> tuple[str, float | None] | None:
-    """None when ``local`` equals ``full``, or its ``rank``-th slice along the one axis where
-    the shapes differ by a factor ``ranks``; else what is wrong and the max abs error."""
-    if local.shape == full.shape:
-        expected, against = full, "the single-device tensor"
-    elif local.ndim != full.ndim:
-        return (
-            f"its shape {list(local.shape)} has another rank than the single-device shape "
-            f"{list(full.shape)}",
-            None,
-        )
-    else:
-        differing = [a for a in range(local.ndim) if local.shape[a] != full.shape[a]]
-        if len(differing) != 1 or full.shape[differing[0]] != local.shape[differing[0]] * ranks:
-            return (
-                f"its shape {list(local.shape)} is neither the single-device shape "
-                f"{list(full.shape)} nor a 1/{ranks} slice of it along one axis",
-                None,
-            )
-        axis, length = differing[0], local.shape[differing[0]]
-        expected = np.take(full, np.arange(rank * length, (rank + 1) * length), axis=axis)
-        against = f"its slice of the single-device tensor along axis {axis}"
-    match, error = compare_values(local, expected, rtol, atol)
-    return None if match else (f"its value differs from {against}", error)
-
-
-def compare_values(
-    actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float
-) -> tuple[bool, float]:
-    """Whether two arrays of one shape match (floats within tolerance, NaN equal to NaN, other
-    types exactly), and their largest absolute difference (NaN against a number: infinite)."""
-    actual, expected = np.atleast_1d(actual), np.atleast_1d(expected)
-    if actual.size == 0:
-        return True, 0.0
-    if not (np.issubdtype(expected.dtype, np.number) or expected.dtype == np.bool_):
-        match = bool(np.array_equal(actual, expected))  # strings
-        return match, 0.0 if match else float("inf")
-    if np.issubdtype(expected.dtype, np.floating):
-        close = np.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        close = actual == expected
-    with np.errstate(invalid="ignore"):
-        difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-    difference[(actual == expected) | (np.isnan(difference) & close)] = 0.0
-    return bool(np.all(close)), float(np.nan_to_num(difference, nan=np.inf).max())
-
-
-# --------------------------------------------------------------------------- diagnosing
-
-
-def _diagnose(
-    simulator: RankSimulator,
-    model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    rtol: float,
-    atol: float,
-) -> Mismatch | None:
-    """The first tensor, in topological order, where a rank differs from its slice of the
-    single-device tensor, or the first node a rank cannot compute."""
-    sources = {tail.source for tail in simulator.sharded.tails.values()}
-    single = _all_single_device_values(model, feeds, sources, simulator.weights_dir)
-    ranks = simulator.run(feeds, diagnostic=True)
-    ndim = {name: value.ndim for name, value in single.items()}
-    shape_only = shape_only_tensors(simulator.nodes, set(simulator.weights), ndim)
-    for node in simulator.nodes:
-        if ranks.failure is not None and node.name == ranks.failure.node:
-            return _failure_mismatch(simulator, ranks.failure)
-        for name in node.output:
-            tail = simulator.sharded.tails.get(name)
-            original = tail.source if tail is not None else name
-            if name in shape_only or original not in single:
-                continue
-            for rank, values in enumerate(ranks.per_rank):
-                if name not in values:
-                    continue
-                problem = compare_to_slice(
-                    values[name], single[original], rank, len(ranks.per_rank), rtol, atol
-                )
-                if problem is not None:
-                    made_by, op_type = simulator.made_by(name)
-                    return Mismatch(name, original, made_by, op_type, rank, problem[1], problem[0])
-    return None if ranks.failure is None else _failure_mismatch(simulator, ranks.failure)
-
-
-def _failure_mismatch(simulator: RankSimulator, failure: RankFailure) -> Mismatch:
-    node = next((n for n in simulator.nodes if n.name == failure.node), None)
-    if node is None:
-        return Mismatch(
-            "", "", failure.node or "<unknown node>", "", failure.rank, None, failure.message, True
-        )
-    if node.name in simulator.tail_of_collective:
-        tensor = simulator.tail_of_collective[node.name]
-        original = simulator.sharded.tails[tensor].source
-    else:
-        tensor = original = node.output[0] if node.output else ""
-    return Mismatch(
-        tensor, original, node.name, node.op_type, failure.rank, None, failure.message, True
-    )
-
-
-def _all_single_device_values(
-    model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    sources: set[str],
-    weights_dir: Path | None,
-) -> dict[str, np.ndarray]:
-    """Every tensor of the single-device run, with the initializers that the hints name."""
-    inner = onnx.ModelProto()
-    inner.CopyFrom(model)
-    declared = {output.name for output in inner.graph.output}
-    names = [name for node in inner.graph.node for name in node.output if name]
-    inner.graph.output.extend(untyped_output(name) for name in names if name not in declared)
-    values = run_model(inner, feeds, weights_dir=weights_dir)
-    values.update(feeds)
-    base_dir = "" if weights_dir is None else str(weights_dir)
-    values.update(
-        {
-            t.name: numpy_helper.to_array(t, base_dir)
-            for t in model.graph.initializer
-            if t.name in sources
-        }
-    )
-    return values
-
-
-def shape_only_tensors(
-    nodes: Iterable[onnx.NodeProto], constants: set[str], ndim: Mapping[str, int]
-) -> set[str]:
-    """Tensors that only hold shapes: Shape/Size outputs and the integer arithmetic on them
-    and on constants. ``constants`` grows by the tensors computed from constants only;
-    ``ndim`` gives each tensor's rank in the single-device run."""
-    shape_only: set[str] = set()
-    for node in nodes:
-        inputs = [name for name in node.input if name]
-        from_shapes = any(name in shape_only for name in inputs) and all(
-            name in shape_only or name in constants for name in inputs
-        )
-        if node.op_type == "Constant" or (inputs and all(name in constants for name in inputs)):
-            constants.update(node.output)
-        elif node.op_type in SHAPE_OPS:
-            shape_only.update(node.output)
-        elif from_shapes and (
-            (
-                node.op_type in SHAPE_ARITHMETIC
-                and (node.op_type != "Gather" or inputs[0] in shape_only)
-            )
-            # TorchScript's Expand arguments: ConstantOfShape(Shape(shape)), a vector.
-            or (node.op_type == "ConstantOfShape" and ndim.get(node.output[0], 2) <= 1)
-        ):
-            shape_only.update(node.output)
-    return shape_only

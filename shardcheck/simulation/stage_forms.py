@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardcheck.graph import protos
-from shardcheck.graph.index import attribute_graphs
+from shardcheck.graph.tensors import attribute_graphs
 
 _T = protos.TensorProto
 LIFTED_TYPES = frozenset(

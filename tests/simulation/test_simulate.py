@@ -24,25 +24,20 @@ from shardcheck import load_index, read_hints, verify
 from shardcheck.errors import InputError
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
-from shardcheck.hints.model import (
-    AttentionLayerHint,
-    DistCollective,
-    ShardHints,
-    ShardTensor,
-    dumps,
-)
+from shardcheck.hints.codec import dumps
+from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
 from shardcheck.runtime.background import HANDOFF_INTERVAL, InBackground
-from shardcheck.runtime.feeds import make_feeds, resolve_dims, run_model
+from shardcheck.runtime.feeds import make_feeds
+from shardcheck.runtime.sessions import run_model
+from shardcheck.runtime.sizes import resolve_dims
 from shardcheck.sharding.rewrite import shard_model
-from shardcheck.simulation.simulate import (
-    ReferenceRun,
-    Simulation,
-    SimulationResult,
-    compare_to_slice,
-    compare_values,
-    simulate,
-)
-from shardcheck.simulation.simulator import REDUCERS, RankSimulator, _toposorted
+from shardcheck.simulation import ahead
+from shardcheck.simulation.ahead import AHEAD_WORKERS
+from shardcheck.simulation.collectives import REDUCERS
+from shardcheck.simulation.compare import compare_to_slice, compare_values
+from shardcheck.simulation.plan import toposorted
+from shardcheck.simulation.simulate import ReferenceRun, Simulation, SimulationResult, simulate
+from shardcheck.simulation.simulator import RankSimulator
 
 REAL = FIXTURES / "real"
 
@@ -390,13 +385,13 @@ def test_stages_are_planned_on_a_topological_order_with_every_node_named() -> No
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])],
     )
-    ordered, reads = _toposorted(graph)
+    ordered, reads = toposorted(graph)
     assert [n.name for n in ordered] == ["first", "<unnamed Relu #1>", "last"]
     assert ordered[0] is graph.node[0] and not graph.node[1].name
     assert reads == [["a"], ["b"], ["c"]]
 
     graph.node.reverse()  # last, unnamed, first: each reads what a later node makes
-    ordered, reads = _toposorted(graph)
+    ordered, reads = toposorted(graph)
     assert [n.name for n in ordered] == ["first", "<unnamed Relu #1>", "last"]
     assert reads == [["a"], ["b"], ["c"]]
 
@@ -438,10 +433,10 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
     """Without a reference from the caller, the single-device run is the reference; its
     session (about one inference of the model) is made in a background thread that starts
     before shape inference, detection and sharding, which run meanwhile."""
-    import sys
     import threading
 
-    module = sys.modules["shardcheck.simulation.simulate"]
+    from shardcheck.simulation import simulate as module
+
     events: list[tuple[str, str]] = []
     real_session, real_shapes, real_background = (
         module.make_session,
@@ -469,7 +464,7 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
     main = threading.main_thread().name
     started = events.index(("started", "shardcheck-single-device"))
     assert started < events.index(("shapes", main))
-    # One session, made in that thread (the stages' are ranks.py's).
+    # One session, made in that thread (the stages' are ahead.py's).
     assert [event for event in events if event[0] == "session"] == [
         ("session", "shardcheck-single-device")
     ]
@@ -543,11 +538,7 @@ def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
 ) -> None:
     """verify stops the workers of a simulation it will not run (the model did not run); the
     sessions they are making are waited for, so that no onnxruntime work is left running."""
-    import sys
-    import threading
-
-    module = sys.modules["shardcheck.simulation.simulator"]
-    make = module.make_session
+    make = ahead.make_session
     release = threading.Event()
     holding = threading.Semaphore(0)
 
@@ -557,18 +548,18 @@ def test_stopped_workers_take_no_more_stages_and_the_runs_make_the_rest(
             release.wait(60.0)
         return make(*args)
 
-    monkeypatch.setattr(module, "make_session", held_in_workers)
+    monkeypatch.setattr(ahead, "make_session", held_in_workers)
     name = "ts_gpt2_tiny"
     hints = frontier_hints(name)
     index = load_index(REAL / f"{name}.onnx")
     simulator = RankSimulator(shard_model(index, hints), index.model, 2)
     stages = _stages(simulator)
-    assert all(holding.acquire(timeout=60.0) for _ in range(module.AHEAD_WORKERS))
+    assert all(holding.acquire(timeout=60.0) for _ in range(AHEAD_WORKERS))
     threading.Timer(0.5, release.set).start()
     simulator.stop_making_ahead()  # each worker holds the one stage it took, till released
     assert release.is_set()  # it waited for them
     taken = [stage for stage in stages if stage.ahead.state == "making"]
-    assert len(taken) == module.AHEAD_WORKERS < len(stages)
+    assert len(taken) == AHEAD_WORKERS < len(stages)
     assert all(stage.ahead.done.is_set() for stage in taken)
     assert all(stage.ahead.state == "skipped" for stage in stages if stage not in taken)
     feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
@@ -582,26 +573,23 @@ def test_a_run_that_stops_early_leaves_no_stage_session_being_made(
     """A mismatch ends the run before it has asked for every stage; the workers, slowed here,
     still had stages to make: they take no more, and the ones they hold are finished when run
     returns (before, they went on making sessions behind it)."""
-    import sys
-    import threading
     import time
 
-    module = sys.modules["shardcheck.simulation.simulator"]
-    make = module.make_session
+    make = ahead.make_session
 
     def slow_in_workers(*args: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             time.sleep(0.2)
         return make(*args)
 
-    monkeypatch.setattr(module, "make_session", slow_in_workers)
+    monkeypatch.setattr(ahead, "make_session", slow_in_workers)
     name = "ts_gpt2_tiny"
     wrong = frontier_hints(name).with_changes(k_seq_len_idx=1)
     simulation = Simulation(REAL / f"{name}.onnx", wrong, ranks=2)
     result = simulation.run(8)
     assert not result.ok
     aheads = [stage.ahead for stage in _stages(simulation.simulator)]
-    assert all(ahead.state == "skipped" or ahead.done.is_set() for ahead in aheads)
+    assert all(made.state == "skipped" or made.done.is_set() for made in aheads)
 
 
 def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
@@ -609,16 +597,13 @@ def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
 ) -> None:
     """The inferred types only decide which sessions can be made early: a session made for
     other types than the values have is not used, and the runs make the stage's session."""
-    import sys
-
-    module = sys.modules["shardcheck.simulation.simulator"]
-    infer = module.infer_elem_types
+    infer = ahead.infer_elem_types
 
     def wrong_for_ints(*args: Any, **kwargs: Any) -> dict[str, int]:
         types = infer(*args, **kwargs)
         return {n: TensorProto.INT32 if t == TensorProto.INT64 else t for n, t in types.items()}
 
-    monkeypatch.setattr(module, "infer_elem_types", wrong_for_ints)
+    monkeypatch.setattr(ahead, "infer_elem_types", wrong_for_ints)
     name = "ts_gpt2_tiny"
     hints = frontier_hints(name)
     index = load_index(REAL / f"{name}.onnx")
@@ -632,26 +617,22 @@ def test_a_stage_whose_inferred_types_are_wrong_is_made_from_the_values(
     feeds = make_feeds(index, resolve_dims(index, hints, 8, {}), seed=0)
     values = simulator.run(feeds)
     assert all("last_hidden_state" in rank_values for rank_values in values.per_rank)
-    for stage, ahead in mistyped:
-        ahead.done.wait(60.0)
-        assert stage.sessions[(frozenset(), False)] is not ahead.session
+    for stage, made_ahead in mistyped:
+        made_ahead.done.wait(60.0)
+        assert stage.sessions[(frozenset(), False)] is not made_ahead.session
 
 
 def test_a_stage_a_worker_cannot_make_is_made_by_the_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sys
-    import threading
-
-    module = sys.modules["shardcheck.simulation.simulator"]
-    make = module.make_session
+    make = ahead.make_session
 
     def only_in_the_main_thread(*args: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("no session from a worker")
         return make(*args)
 
-    monkeypatch.setattr(module, "make_session", only_in_the_main_thread)
+    monkeypatch.setattr(ahead, "make_session", only_in_the_main_thread)
     name = "ts_gpt2_tiny"
     result = simulate(REAL / f"{name}.onnx", frontier_hints(name), ranks=2, seq_len=8)
     assert_match(result)
@@ -813,7 +794,7 @@ def test_a_weight_the_hints_cut_gives_each_rank_its_rows(external: bool, tmp_pat
     ("ranks", "says"), [(1, "1 simulated rank, 4 stages"), (2, "2 simulated ranks, 4 stages")]
 )
 def test_the_summary_counts_ranks_and_stages_in_words(ranks: int, says: str) -> None:
-    # A stage per level of collectives (ranks.py): ts_sdpa's longest path has 3 (x's scatter,
+    # A stage per level of collectives (plan.py): ts_sdpa's longest path has 3 (x's scatter,
     # K's gather, y's gather), so levels 0 to 3.
     result = simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=ranks, seq_len=8)
     assert_match(result)
@@ -834,13 +815,12 @@ def test_a_length_the_inputs_fix_is_said_to_make_seq_len_ineffective() -> None:
 def test_simulate_hands_its_sessions_to_the_console_commands_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Destroying a simulation's sessions one at a time took 0.4 s of a 32k-node model's;
-    the console command's exit frees them with the process instead (lifetime.py)."""
+    """Destroying a simulation's sessions one at a time is slow for a large model; the console
+    command's exit frees them with the process instead (lifetime.py)."""
     from shardcheck import lifetime
-    from shardcheck.simulation.simulate import Simulation, simulate
 
     monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
     hints = GOLDEN / "attention_head.json"
     result = simulate(FIXTURES / "attention_head.onnx", hints, ranks=2, seq_len=8)
     assert result.ok
-    assert [type(o) for o in lifetime._kept] == [Simulation]
+    assert [type(o) for o in lifetime.kept()] == [Simulation]

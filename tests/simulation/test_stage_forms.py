@@ -1,8 +1,7 @@
-"""Stages of one form share one onnxruntime session (stage_forms.py, ranks.py)."""
+"""Stages of one form share one onnxruntime session (stage_forms.py, ahead.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ from shardcheck import load_index, read_hints, verify
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.hints.model import DistCollective
-from shardcheck.runtime.feeds import make_feeds, resolve_dims
+from shardcheck.runtime.feeds import make_feeds
+from shardcheck.runtime.sizes import resolve_dims
 from shardcheck.sharding.rewrite import (
     ALL_GATHER,
     COLLECTIVE_OP,
@@ -25,8 +25,11 @@ from shardcheck.sharding.rewrite import (
     collective_attributes,
     shard_model,
 )
+from shardcheck.simulation import ahead
+from shardcheck.simulation.ahead import mapped_weight
+from shardcheck.simulation.rank_values import RankFailure
 from shardcheck.simulation.simulate import simulate
-from shardcheck.simulation.simulator import RankFailure, RankSimulator, _mapped
+from shardcheck.simulation.simulator import RankSimulator
 from shardcheck.simulation.stage_forms import stage_form
 
 REAL = FIXTURES / "real"
@@ -148,8 +151,7 @@ def test_a_stage_with_subgraphs_has_no_form() -> None:
 
 def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The sessions the simulator makes (real ones), as they are made."""
-    module = sys.modules["shardcheck.simulation.simulator"]
-    make = module.make_session
+    make = ahead.make_session
     made: list[Any] = []
 
     def counted(*args: Any) -> Any:
@@ -157,7 +159,7 @@ def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         made.append(session)
         return session
 
-    monkeypatch.setattr(module, "make_session", counted)
+    monkeypatch.setattr(ahead, "make_session", counted)
     return made
 
 
@@ -187,8 +189,7 @@ def test_stages_of_one_form_run_on_one_session_with_their_own_weights(
     assert len(made) == len(stages) - len(members)
     assert all(not stage.sessions for stage in members)
 
-    monkeypatch.setattr(RankSimulator, "_share_sessions", lambda self, stages: None)
-    apart = RankSimulator(sharded, index.model, 2).run(feeds)
+    apart = RankSimulator(sharded, index.model, 2, share_forms=False).run(feeds)
     for rank in range(2):
         assert shared_values.per_rank[rank].keys() == apart.per_rank[rank].keys()
         for tensor, value in apart.per_rank[rank].items():
@@ -331,7 +332,7 @@ def test_external_weights_of_a_shared_session_are_mapped_from_their_file(tmp_pat
     values = simulator.run({"x": x})
     expected = np.concatenate([x.reshape(2, -1)] * 2).reshape(8, -1)
     assert all(np.array_equal(rank_values["y"], expected) for rank_values in values.per_rank)
-    mapped = simulator._lifted_values["rows_second"]
+    mapped = simulator.sessions.lifted_value("rows_second")
     assert isinstance(mapped, np.memmap)
     assert mapped.tolist() == [8, -1]
     assert not second.sessions  # it ran on the leader's
@@ -346,9 +347,9 @@ def test_an_external_weight_whose_length_is_not_its_size_is_not_mapped(tmp_path:
         tensor.external_data.add(key=key, value=value)
     (tmp_path / "weights.bin").write_bytes(np.array([1.0, 2.0], dtype=np.float32).tobytes())
     with pytest.raises(ValueError, match="'w': its external data cannot be mapped"):
-        _mapped(tensor, tmp_path)
+        mapped_weight(tensor, tmp_path)
     tensor.external_data[2].value = "8"
-    assert _mapped(tensor, tmp_path).tolist() == [1.0, 2.0]
+    assert mapped_weight(tensor, tmp_path).tolist() == [1.0, 2.0]
 
 
 def test_verify_simulates_every_length_on_the_shared_sessions(
@@ -368,7 +369,7 @@ def test_verify_simulates_every_length_on_the_shared_sessions(
 
     shared, shared_findings, lengths = verified()
     assert lengths == [(8, True), (16, True)]
-    monkeypatch.setattr(RankSimulator, "_share_sessions", lambda self, stages: None)
+    monkeypatch.setattr(ahead, "stage_form", lambda *args: None)  # no stage has a form
     apart, apart_findings, _ = verified()
     assert shared < apart
     assert shared_findings == apart_findings
@@ -480,12 +481,11 @@ def test_the_runs_make_a_forms_session_no_worker_took_and_share_it(
 ) -> None:
     """Without workers (or when the runs outpace them) the first stage of a form to run makes
     the form's session, and the others run on it, instead of each making its own."""
-    monkeypatch.setattr(sys.modules["shardcheck.simulation.simulator"], "AHEAD_WORKERS", 0)
     name = "dynamo_einsum_causal"
     index = load_index(REAL / f"{name}.onnx")
     hints = read_hints(GOLDEN / "real" / f"{name}.json")
     made = _count_sessions(monkeypatch)
-    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2, ahead_workers=0)
     assert not made  # nothing is made ahead
     stages = [step for step in simulator.steps if hasattr(step, "sessions")]
     members = [stage for stage in stages if stage.leader not in (None, stage)]

@@ -1,0 +1,130 @@
+"""The ``DistCollective`` nodes of a sharded model, run in numpy between the stages.
+
+Each runs with the meaning of its attributes:
+
+- ``reduce_scatter``: ``reduce_op`` (sum, prod, min, max, avg) across the ranks' copies, then
+  the result is split along axis 0 into N equal chunks, chunk r to rank r;
+- ``all_gather``: the ranks' tensors concatenated along axis 0, on every rank;
+- ``all_reduce``: the sum across ranks, on every rank.
+
+Collectives always span all ranks; other ``groups`` or ``group_size`` are refused. ``root`` and
+``nb_rank`` do not change what these three collectives compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from shardcheck.errors import InputError
+from shardcheck.graph.ops import is_default_domain
+from shardcheck.runtime.settings import refuse_sub_groups
+from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER
+from shardcheck.simulation.rank_values import RankFailure, RankValues
+
+ALL_REDUCE = "all_reduce"
+REDUCERS = {
+    "sum": lambda stacked: stacked.sum(axis=0),
+    "prod": lambda stacked: stacked.prod(axis=0),
+    "min": lambda stacked: stacked.min(axis=0),
+    "max": lambda stacked: stacked.max(axis=0),
+    "avg": lambda stacked: stacked.mean(axis=0),
+}
+
+
+@dataclass(frozen=True)
+class CollectiveStep:
+    """A collective of the plan, between the stages whose tensors it reads and makes."""
+
+    node: onnx.NodeProto
+    operation: str
+    reduce_op: str
+
+
+def is_collective(node: onnx.NodeProto) -> bool:
+    return node.op_type == COLLECTIVE_OP and is_default_domain(node.domain)
+
+
+def collective_step(node: onnx.NodeProto) -> CollectiveStep:
+    """The collective ``node`` as a step; InputError for one the simulator cannot run."""
+    attributes = _attributes(node)
+    operation = str(attributes.get("collective_operation", ""))
+    reduce_op = str(attributes.get("reduce_op", "none"))
+    where = f"node {node.name!r}"
+    if operation not in (REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE):
+        raise InputError(f"{where}: collective_operation {operation!r} cannot be simulated")
+    if operation == REDUCE_SCATTER and reduce_op not in REDUCERS:
+        raise InputError(f"{where}: reduce_op {reduce_op!r} cannot be simulated")
+    if len(node.input) != 1 or len(node.output) != 1:
+        raise InputError(f"{where}: a DistCollective has one input and one output")
+    return CollectiveStep(node, operation, reduce_op)
+
+
+def refuse_sub_group_collectives(steps: Iterable[object], ranks: int) -> None:
+    """InputError for a collective of ``steps`` over part of the ``ranks``."""
+    for step in steps:
+        if not isinstance(step, CollectiveStep):
+            continue
+        attributes = _attributes(step.node)
+        refuse_sub_groups(
+            f"node {step.node.name!r}",
+            attributes.get("groups", []),
+            int(attributes.get("group_size", 0)),
+            ranks,
+        )
+
+
+def run_collective(
+    step: CollectiveStep,
+    values: RankValues,
+    *,
+    ranks: int,
+    weights: Mapping[str, onnx.TensorProto],
+    weights_dir: Path | None,
+    scattered_axis: int,
+) -> None:
+    """Run ``step`` on every rank's ``values``, which take its result. ``scattered_axis``: the
+    axis of the model's tensor that a reduce-scatter splits, named when it cannot."""
+    source, target = step.node.input[0], step.node.output[0]
+    if source in weights and source not in values.replicated:
+        # A weight cut by the hints (a position table added whole): every rank holds it.
+        base_dir = str(weights_dir) if weights_dir is not None else ""
+        values.set_replicated({source: numpy_helper.to_array(weights[source], base_dir)})
+    if not all(source in rank_values for rank_values in values.per_rank):
+        raise RankFailure(0, step.node.name, f"no value of {source!r} on every rank")
+    pieces = [rank_values[source] for rank_values in values.per_rank]
+    if pieces[0].ndim == 0:
+        raise RankFailure(0, step.node.name, f"{step.operation} of a scalar (no axis 0)")
+    if len({piece.shape for piece in pieces}) > 1:
+        raise RankFailure(
+            0,
+            step.node.name,
+            f"{step.operation} of tensors whose shapes differ between ranks "
+            f"({', '.join(str(list(piece.shape)) for piece in pieces)})",
+        )
+    if step.operation == ALL_GATHER:
+        values.set_replicated({target: np.concatenate(pieces, axis=0)})
+    elif step.operation == ALL_REDUCE:
+        values.set_replicated({target: np.stack(pieces).sum(axis=0).astype(pieces[0].dtype)})
+    else:
+        reduced = REDUCERS[step.reduce_op](np.stack(pieces)).astype(pieces[0].dtype)
+        if reduced.shape[0] % ranks:
+            raise RankFailure(
+                0,
+                step.node.name,
+                f"the reduce-scatter axis ({scattered_axis}) has length {reduced.shape[0]}, "
+                f"which is not a multiple of the {ranks} ranks",
+            )
+        for rank, chunk in enumerate(np.split(reduced, ranks, axis=0)):
+            values.set_rank(rank, {target: chunk})
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
