@@ -1,4 +1,5 @@
-"""File output that never leaves a user's file half-written."""
+"""Files: the one test that an input path names something to read, and output that never
+leaves a user's file half-written."""
 
 from __future__ import annotations
 
@@ -7,9 +8,22 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from shardcheck.errors import OutputError
+
+
+def why_unreadable(path: str | os.PathLike[str], what: str) -> str | None:
+    """Why ``path`` names nothing to read as ``what`` ("no such file", "is a directory, ..."),
+    or None. The caller raises its own error with it, after the path."""
+    file = Path(path)
+    if not file.exists():
+        return "no such file"
+    if file.is_dir():
+        return f"is a directory, expected {what}"
+    return None
 
 
 def output_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -47,9 +61,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """
     if os.path.islink(path):
         path = os.path.realpath(path)
+    atomic_write_with(path, lambda stream: stream.write(data))
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` with what ``write`` writes to the stream it is given, as
+    ``atomic_write_bytes`` does, but without following a link at ``path``: the link itself is
+    replaced. The temporary file has a name of its own, created exclusively, so that nothing
+    already in the directory is written through or removed."""
     target, directory = output_target(path)
-    if target.exists() and not target.is_file():
-        _write_in_place(target, data)  # a device or a pipe (-o /dev/null): never replaced
+    if target.exists() and not target.is_file() and not target.is_symlink():
+        _write_in_place(target, write)  # a device or a pipe (-o /dev/null): never replaced
         return
     try:
         handle, temp_name = tempfile.mkstemp(
@@ -59,7 +81,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
+            write(stream)
             stream.flush()
             os.fsync(stream.fileno())
         _copy_mode(target, temp_name)
@@ -81,12 +103,12 @@ def same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> 
         return False
 
 
-def _write_in_place(target: Path, data: bytes) -> None:
+def _write_in_place(target: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write into a file that is not a regular one. Renaming a temporary file over it would
     replace the device or pipe itself (as root, /dev/null became a regular file)."""
     try:
         with open(target, "wb") as stream:
-            stream.write(data)
+            write(stream)
     except OSError as exc:
         raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
 

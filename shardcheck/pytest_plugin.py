@@ -85,8 +85,10 @@ def _manifest_path(config: pytest.Config) -> Path:
     option = config.getoption("shardcheck_manifest")
     if option:
         path = config.invocation_params.dir / option
-        if not path.is_file():
-            problem = "is a directory, expected a TOML file" if path.is_dir() else "no such file"
+        from shardcheck.fsio import why_unreadable
+
+        problem = why_unreadable(path, "a TOML file")
+        if problem:
             raise pytest.UsageError(f"--shardcheck-manifest: {option}: {problem}")
         return path.resolve()
     for name in ("shardcheck.toml", "pyproject.toml"):

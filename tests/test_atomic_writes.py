@@ -33,8 +33,8 @@ import onnx
 import pytest
 from conftest import FIXTURES, GOLDEN, ROOT, run_cli
 
+from shardcheck.hints.codec import dumps
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import dumps
 
 resource = pytest.importorskip("resource")
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX limits")

@@ -10,7 +10,8 @@ from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.graph.loader import check_weight_files, load_index
 from shardcheck.hints.files import read_hints
-from shardcheck.sharding.rewrite import save_sharded_model, shard_model
+from shardcheck.sharding.rewrite import shard_model
+from shardcheck.sharding.save import save_sharded_model
 
 
 @click.command()

@@ -19,23 +19,18 @@ output keeps its declared type and shape.
 
 from __future__ import annotations
 
-import filecmp
-import os
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import onnx
 from onnx import helper
 
-from shardcheck.analysis.detect import AttentionLayer, detect_attention
+from shardcheck.analysis.detect import detect_attention, gathered_by_q
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.errors import HintsMismatchError, InputError, OutputError
-from shardcheck.fsio import atomic_write_bytes, output_target
-from shardcheck.graph.index import GraphIndex, external_locations
-from shardcheck.graph.loader import weights_dir
-from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints, validated
+from shardcheck.errors import HintsMismatchError, InputError
+from shardcheck.graph.index import GraphIndex
+from shardcheck.hints.codec import validated
+from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints
 
 COLLECTIVE_OP = "DistCollective"
 REDUCE_SCATTER = "reduce_scatter"
@@ -75,14 +70,6 @@ def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.Att
         helper.make_attribute("collective_operation", operation),
         helper.make_attribute("groups", list(dist.groups), attr_type=onnx.AttributeProto.INTS),
     ]
-
-
-def gathered_by_q(layers: Iterable[AttentionLayer]) -> dict[str, list[tuple[str, str]]]:
-    """Q -> (gathered K, gathered V) of each of ``layers`` with that Q."""
-    gathered: dict[str, list[tuple[str, str]]] = {}
-    for layer in layers:
-        gathered.setdefault(layer.q, []).append((layer.gathered_k, layer.gathered_v))
-    return gathered
 
 
 class _Rewriter:
@@ -346,62 +333,3 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter) -> onnx.ModelProto:
         info for info in rewriter.new_value_infos if info.name not in rewriter.graph_outputs
     )
     return model
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def save_sharded_model(
-    model: onnx.ModelProto, *, source: str | os.PathLike[str], output: str | os.PathLike[str]
-) -> list[Path]:
-    """Write ``model`` to ``output``; its external weight files stay usable.
-
-    The model keeps the external-data locations of ``source`` (relative to the model file).
-    When ``output`` is in another directory, each weight file is copied there (not hard-linked:
-    onnx refuses weight files with several links); an identical file already there is reused,
-    a different one is an error, never overwritten. Returns the weight files copied.
-    """
-    source_dir = weights_dir(source)
-    # Refuse a bad output path before a weight file is copied next to it.
-    output_path, output_dir = output_target(output)
-    output_dir = output_dir.resolve()
-    copied: list[Path] = []
-    try:
-        # A device or a pipe (-o /dev/null) has no directory to hold weight files.
-        beside_output = output_dir != source_dir and not (
-            output_path.exists() and not output_path.is_file()
-        )
-        if beside_output:
-            for location in sorted(external_locations(model)):
-                if _place_weight_file(source_dir / location, output_dir / location):
-                    copied.append(output_dir / location)
-        atomic_write_bytes(output_path, model.SerializeToString())
-    except BaseException:
-        for path in copied:  # copied by this call: nothing refers to them without the model
-            path.unlink(missing_ok=True)
-        raise
-    return copied
-
-
-def _place_weight_file(source: Path, target: Path) -> bool:
-    """Copy ``source`` to ``target``; False when an identical file is already there."""
-    if not source.is_file():
-        raise InputError(f"{source}: external weight file of the model is missing")
-    if target.exists():
-        if filecmp.cmp(source, target, shallow=False):
-            return False
-        raise OutputError(
-            f"{target}: a different file is already there; the sharded model needs a copy of "
-            f"{source} at that place (write the model to another directory)"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.tmp")
-    try:
-        shutil.copyfile(source, temporary)
-        os.replace(temporary, target)
-    except BaseException as exc:  # an interrupt too: no temporary file is left behind
-        temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
-        raise
-    return True

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError, OutputError
-from shardcheck.graph.index import external_locations
+from shardcheck.graph.tensors import external_locations
 from shardcheck.hints.model import (
     AttentionLayerHint,
     DistCollective,
@@ -24,8 +24,9 @@ from shardcheck.hints.model import (
     ShardHints,
     ShardTensor,
 )
-from shardcheck.runtime.feeds import run_model
-from shardcheck.sharding.rewrite import save_sharded_model, shard_model
+from shardcheck.runtime.sessions import run_model
+from shardcheck.sharding.rewrite import shard_model
+from shardcheck.sharding.save import save_sharded_model
 
 PARITY_FIXTURES = [
     "attention",
@@ -95,7 +96,7 @@ def ours(model: Path, hints: Path) -> onnx.ModelProto:
 
 
 def write_hints(path: Path, hints: Any) -> Path:
-    from shardcheck.hints.model import dumps
+    from shardcheck.hints.codec import dumps
 
     path.write_text(dumps(hints))
     return path
@@ -477,3 +478,23 @@ def test_cli_shard_refuses_to_overwrite_its_input(tmp_path: Path) -> None:
     result = run_cli("shard", model, GOLDEN / "attention_head.json", "-o", model)
     assert result.exit_code == 2
     assert "is the input model" in result.stderr
+
+
+def test_a_weight_copy_writes_through_no_planted_temporary_name(tmp_path: Path) -> None:
+    # The copy's temporary file has a name of its own, created exclusively: a link planted
+    # under the old fixed name ".weights.bin.tmp" is not written through, and a file under
+    # it is not removed.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    model = _external_model(tmp_path / "src")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    (tmp_path / "out" / ".weights.bin.tmp").symlink_to(outside)
+    sharded = shard_model(load_index(model), read_hints(_external_hints(tmp_path / "h.json")))
+    save_sharded_model(sharded.model, source=model, output=tmp_path / "out" / "md.onnx")
+    assert outside.read_bytes() == b"not yours"
+    assert (tmp_path / "out" / ".weights.bin.tmp").is_symlink()
+    copied = tmp_path / "out" / "weights.bin"
+    assert copied.read_bytes() == (tmp_path / "src" / "weights.bin").read_bytes()
+    left = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert left == [".weights.bin.tmp", "md.onnx", "weights.bin"]
