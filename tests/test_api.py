@@ -44,13 +44,13 @@ def test_gen_does_not_import_onnxruntime_or_deepdiff(tmp_path: Path) -> None:
 def _analyses(name: str) -> tuple[Callable[[], object], Callable[[], object]]:
     """The analysis ``name`` runs, with the collector left as it is, and the call itself."""
     from shardcheck import GenOptions, generate, load_index, simulate, verify
-    from shardcheck.generation.generate import _generate_detected
+    from shardcheck.generation.generate import generate_detected
 
     model = FIXTURE.parent / "real" / "dynamo_llama_tiny_gqa.onnx"
     hints = FIXTURE.parents[1] / "golden" / "real" / "dynamo_llama_tiny_gqa.json"
     if name == "generate":
         index, options = load_index(model), GenOptions()
-        return lambda: _generate_detected(index, options), lambda: generate(index, options)
+        return lambda: generate_detected(index, options), lambda: generate(index, options)
     if name == "verify":
         return lambda: verify.__wrapped__(model, hints), lambda: verify(model, hints)
     return (
@@ -104,3 +104,28 @@ def test_a_function_named_like_its_module_stays_the_function_after_the_module_is
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.split() == ["True"]
+
+
+def test_every_runtime_dependency_is_one_the_package_imports() -> None:
+    # onnx-graphsurgeon was a runtime dependency the package never imported; it is the test
+    # oracle's (Polygraphy's) now. A runtime dependency must be one the package uses.
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    imported_as = {
+        "onnxruntime": "onnxruntime",
+        "onnx": "onnx",
+        "deepdiff": "deepdiff",
+        "numpy": "numpy",
+        "click": "click",
+        "tomli": "tomli",
+    }
+    source = "\n".join(p.read_text() for p in (root / "shardcheck").rglob("*.py"))
+    for requirement in project["dependencies"]:
+        name = requirement.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+        assert name in imported_as, f"{name}: a runtime dependency the test does not know"
+        module = imported_as[name]
+        assert f"import {module}" in source or f"from {module}" in source, name
