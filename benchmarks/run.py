@@ -325,7 +325,7 @@ def in_process(path: str, repeats: int) -> InProcess:
     from shardcheck.generation.generate import generate
     from shardcheck.generation.options import GenOptions
     from shardcheck.graph.loader import index_parsed, parse_model
-    from shardcheck.hints.model import dumps
+    from shardcheck.hints.codec import dumps
 
     loads, checks, indexes, generates, checkers = [], [], [], [], []
     for _ in range(max(3, repeats)):
@@ -573,7 +573,7 @@ def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, flo
 def one_inference(model: BuiltModel, seq_len: int) -> float:
     """An onnxruntime session made and run once on seeded inputs, made as shardcheck makes
     its sessions (``make_session``: its options, no graph optimizations)."""
-    from shardcheck.runtime.feeds import make_session
+    from shardcheck.runtime.sessions import make_session
 
     proto = onnx.load(str(model.path))
     rng = np.random.default_rng(0)

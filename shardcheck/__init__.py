@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shardcheck.analysis.detect import AttentionLayer, detect_attention
     from shardcheck.errors import HintsFormatError, InputError, ModelError, ShardcheckError
-    from shardcheck.generation.generate import GenResult, generate
+    from shardcheck.generation.generate import generate
     from shardcheck.generation.options import GenOptions
+    from shardcheck.generation.parts import GenResult
     from shardcheck.graph.index import GraphIndex
     from shardcheck.graph.loader import load_index, read_model
+    from shardcheck.hints.codec import dumps, loads
     from shardcheck.hints.diff import diff_hints
     from shardcheck.hints.files import read_hints, write_hints
     from shardcheck.hints.model import (
@@ -30,8 +32,6 @@ if TYPE_CHECKING:
         FusedAttention,
         ShardHints,
         ShardTensor,
-        dumps,
-        loads,
     )
     from shardcheck.simulation.simulate import simulate
     from shardcheck.verification.findings import Report
@@ -41,7 +41,8 @@ _MODULES = {
     "shardcheck.analysis.detect": ("AttentionLayer", "detect_attention"),
     "shardcheck.hints.diff": ("diff_hints",),
     "shardcheck.errors": ("HintsFormatError", "InputError", "ModelError", "ShardcheckError"),
-    "shardcheck.generation.generate": ("GenResult", "generate"),
+    "shardcheck.generation.generate": ("generate",),
+    "shardcheck.generation.parts": ("GenResult",),
     "shardcheck.graph.index": ("GraphIndex",),
     "shardcheck.hints.model": (
         "AttentionLayerHint",
@@ -49,9 +50,8 @@ _MODULES = {
         "FusedAttention",
         "ShardHints",
         "ShardTensor",
-        "dumps",
-        "loads",
     ),
+    "shardcheck.hints.codec": ("dumps", "loads"),
     "shardcheck.hints.files": ("read_hints", "write_hints"),
     "shardcheck.graph.loader": ("load_index", "read_model"),
     "shardcheck.generation.options": ("GenOptions",),

@@ -2,10 +2,9 @@
 
 The console command leaves with ``os._exit`` (``cli.main``), which frees everything at once.
 What a command made and no longer needs can be handed here, so that it lives until then:
-freed one object at a time, what a verify of a 32k-node model made takes 0.15-0.2 s (its
-onnxruntime session, mostly; 0.4-0.45 s with the simulation's), gen's index of it ~20 ms.
-Anywhere else (the API, tests) nothing is kept: ``keep_until_exit`` does nothing until
-``free_at_exit`` has been called.
+freeing a large model's index and onnxruntime sessions one object at a time is a visible part
+of a short command (docs/performance.md has the figure). Anywhere else (the API, tests)
+nothing is kept: ``keep_until_exit`` does nothing until ``free_at_exit`` has been called.
 """
 
 from __future__ import annotations
@@ -31,3 +30,8 @@ def free_when_done() -> None:
 def keep_until_exit(*objects: object) -> None:
     if _kept is not None:
         _kept.extend(objects)
+
+
+def kept() -> tuple[object, ...] | None:
+    """What lives until the exit, or None when nothing is kept (not the console command)."""
+    return None if _kept is None else tuple(_kept)

@@ -21,7 +21,8 @@ from conftest import attention_nodes, run_cli
 from onnx import TensorProto, helper
 
 from shardcheck import read_hints
-from shardcheck.hints.model import AttentionLayerHint, ShardHints, ShardTensor, dumps
+from shardcheck.hints.codec import dumps
+from shardcheck.hints.model import AttentionLayerHint, ShardHints, ShardTensor
 
 GIB = 1 << 30
 ROWS = 150_000_000  # x 4 float32 = 2.24 GiB

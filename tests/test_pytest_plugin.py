@@ -14,8 +14,9 @@ from conftest import FIXTURES
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
+from shardcheck.hints.codec import dumps
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, dumps
+from shardcheck.hints.model import ShardHints
 
 MODELS = ("attention", "attention_head", "multi_attention")
 
@@ -58,7 +59,7 @@ def drift(golden: Path) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    # hypothesis' plugin imports all of hypothesis at the end of each in-process run (1-2 s).
+    # hypothesis' plugin imports all of hypothesis at the end of each in-process run: slow.
     return pytester.runpytest("-p", "no:hypothesispytest", *args)
 
 

@@ -15,12 +15,13 @@ from types import ModuleType
 import pytest
 
 from shardcheck import load_index
+from shardcheck.analysis import shapes as shapes_module
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import Node
+from shardcheck.simulation.plan import Stage
 from shardcheck.simulation.simulate import Simulation
-from shardcheck.simulation.simulator import _Stage
 
 BUILDER = Path(__file__).resolve().parent.parent / "benchmarks" / "build_models.py"
 
@@ -58,14 +59,14 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
 def test_shape_rules_run_once_per_distinct_node_at_any_depth(
     encoder: Encoder, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rule = ShapeInference._rule
+    rule = shapes_module.apply_rule
     rule_runs = [0]
 
-    def counted(self: ShapeInference, node: Node) -> object:
+    def counted(shapes: ShapeInference, node: Node) -> object:
         rule_runs[0] += 1
-        return rule(self, node)
+        return rule(shapes, node)
 
-    monkeypatch.setattr(ShapeInference, "_rule", counted)
+    monkeypatch.setattr(shapes_module, "apply_rule", counted)
     runs: dict[int, tuple[int, int]] = {}
     for depth in (4, 8):
         index = load_index(encoder(kind, depth))
@@ -86,7 +87,7 @@ def test_the_simulation_makes_no_more_sessions_for_more_blocks(encoder: Encoder,
         hints = generate(load_index(path), GenOptions()).hints
         simulation = Simulation(path, hints, ranks=2)
         try:
-            stages = [s for s in simulation.simulator.steps if isinstance(s, _Stage)]
+            stages = [s for s in simulation.simulator.steps if isinstance(s, Stage)]
             sessions = {id(stage.leader or stage) for stage in stages}
             assert simulation.run(8).ok
         finally:

@@ -139,8 +139,8 @@ def main() -> None:
     verdict's. Everything it writes is flushed or closed first.
 
     That exit frees what the command made, too (lifetime.py), and the cyclic collector is off
-    for the process: it would only walk what lives until then (after gen's analysis of a
-    32k-node model, one collection of 15 ms over the index it keeps for the end)."""
+    for the process: it would only walk what lives until then (the index gen keeps for the
+    end, say)."""
     gc.disable()
     free_at_exit()
     code = cli.main(standalone_mode=False)

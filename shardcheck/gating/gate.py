@@ -19,9 +19,10 @@ from shardcheck.fsio import atomic_write_text
 from shardcheck.gating.manifest import Manifest, ModelEntry
 from shardcheck.generation.generate import generate
 from shardcheck.graph.loader import load_index
+from shardcheck.hints.codec import dumps
 from shardcheck.hints.diff import Difference, diff_hints
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, dumps
+from shardcheck.hints.model import ShardHints
 
 OK = "ok"
 DIFFERS = "differs"

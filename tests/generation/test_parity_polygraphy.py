@@ -18,7 +18,7 @@ polygraphy_tools = pytest.importorskip("polygraphy.tools")
 multi_device = pytest.importorskip("polygraphy.tools.multi_device")
 import onnx_graphsurgeon  # noqa: E402
 
-RECORDED = Path(__file__).parent / "data" / "polygraphy_gs058"
+RECORDED = Path(__file__).parents[1] / "data" / "polygraphy_gs058"
 GS_MATCHES_PATTERN1 = onnx_graphsurgeon.__version__.startswith("0.5.")
 
 

@@ -27,8 +27,9 @@ from shardcheck.gating.manifest import Manifest, load_manifest
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
+from shardcheck.hints.codec import dumps
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, dumps
+from shardcheck.hints.model import ShardHints
 
 MODELS = ("attention", "attention_head", "multi_attention")
 OLD_MTIME_NS = 1_000_000_000_000_000_000  # 2001: any write by the gate changes it

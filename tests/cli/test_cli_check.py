@@ -20,8 +20,9 @@ from conftest import FIXTURES, MULTI_ATTENTION_WARNING, ROOT, run_cli
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
+from shardcheck.hints.codec import dumps
 from shardcheck.hints.files import read_hints
-from shardcheck.hints.model import ShardHints, dumps
+from shardcheck.hints.model import ShardHints
 
 MODELS = ("attention", "attention_head", "multi_attention")
 OLD_MTIME_NS = 1_000_000_000_000_000_000
@@ -506,4 +507,4 @@ def test_check_frees_each_models_verify_when_it_is_done(
     assert result.exit_code == 0, result.stdout
     verified = [m["verify"] for m in json.loads(result.stdout)["models"]]
     assert [v["ok"] for v in verified] == [True, True], verified
-    assert lifetime._kept is None
+    assert lifetime.kept() is None

@@ -13,8 +13,9 @@ import pytest
 from conftest import FIXTURES, run_cli, simulated_lengths
 
 from shardcheck import GenOptions, generate, load_index, simulate, verify
+from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.errors import AnalysisError
-from shardcheck.runtime.feeds import BATCH_LIKE, graph_input_dims
+from shardcheck.runtime.sizes import graph_input_dims
 
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())
