@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-from shardcheck.analysis.detect import detect_attention, gathered_by_q
+from shardcheck.analysis.detect import AttentionLayer, detect_attention, gathered_by_q
+from shardcheck.analysis.fusion import FusedSite
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.errors import HintsMismatchError, InputError
+from shardcheck.errors import HintsMismatchError
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.codec import validated
-from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints
+from shardcheck.hints.model import AttentionLayerHint, DistCollective, FusedAttention, ShardHints
+from shardcheck.sharding.fused import fused_attention_attributes, fused_sites, live_nodes
 
 COLLECTIVE_OP = "DistCollective"
 REDUCE_SCATTER = "reduce_scatter"
@@ -101,6 +103,8 @@ class _Rewriter:
         self.tails: dict[str, ChainTail] = {}
         self.new_value_infos: list[onnx.ValueInfoProto] = []
         self._shapes = shapes
+        # Positions of the nodes a fused Attention replaced.
+        self.removed: set[int] = set()
 
     # ----------------------------------------------------------------- chains
 
@@ -192,6 +196,50 @@ class _Rewriter:
             self._shapes = ShapeInference(self.index)
         return self._shapes.rank(tensor)
 
+    def fuse(self, site: FusedSite, fused: FusedAttention) -> None:
+        """Replace the nodes of ``site`` with one Attention reading its Q, K and V (as their
+        consumers now read them) through the shuffles' Transposes, as Polygraphy does; it makes
+        the layer's output under the same name. Nothing else reads the Transposes."""
+        inputs = []
+        for source, shuffle in (
+            (site.q, fused.q_shuffle),
+            (site.k, fused.k_shuffle),
+            (site.v, fused.v_shuffle),
+        ):
+            head = self.current.get(source, source)
+            if shuffle:
+                tail = _unique(f"{source}/fused_shuffle", self.tensor_names)
+                node = helper.make_node(
+                    "Transpose",
+                    [head],
+                    [tail],
+                    name=_unique(tail, self.node_names),
+                    perm=list(shuffle),
+                )
+                self._place(node, self.slot[head], source)
+                head = tail
+            inputs.append(head)
+        position = self.index.producer[site.output]
+        node = helper.make_node(
+            "Attention",
+            inputs,
+            [site.output],
+            name=_unique(f"{site.output}/fused_attention", self.node_names),
+        )
+        node.attribute.extend(fused_attention_attributes(fused, site.scale))
+        self.removed.update(site.replaced)
+        self._add_uses(node)
+        self.inserted.setdefault(position, []).append(node)
+
+    def _place(self, node: onnx.NodeProto, slot: int, source: str) -> None:
+        self._add_uses(node)
+        self.inserted.setdefault(slot, []).append(node)
+        tail = node.output[0]
+        self.slot[tail] = slot
+        elem_type = self.index.elem_type(source)
+        if elem_type:
+            self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
+
     # ----------------------------------------------------------------- bookkeeping
 
     def _add_uses(self, proto: onnx.NodeProto) -> None:
@@ -202,8 +250,13 @@ class _Rewriter:
     def sorted_nodes(self) -> list[onnx.NodeProto]:
         ordered = list(self.inserted.get(BEFORE_FIRST_NODE, []))
         for position, proto in enumerate(self.nodes):
-            ordered.append(proto)
+            if position not in self.removed:
+                ordered.append(proto)
             ordered.extend(self.inserted.get(position, []))
+        if self.removed:
+            # What only the replaced nodes read (a causal mask's making) goes too, as in
+            # Polygraphy (its graph cleanup).
+            return live_nodes(ordered, self.graph_outputs)
         return ordered
 
 
@@ -229,11 +282,13 @@ def shard_model(
     *,
     hints_source: str = "<hints>",
     shapes: ShapeInference | None = None,
+    detected: list[AttentionLayer] | None = None,
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
     ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
-    (default: ``shardcheck.analysis.detect``); ``shapes``: the model's, when already inferred.
+    (default: ``shardcheck.analysis.detect``); ``shapes``: the model's, when already inferred;
+    ``detected``: the model's layers, when already found (the fused replacements need them).
     """
     hints = validated(hints, hints_source)
     if hints.parallelism != "CP":
@@ -241,16 +296,16 @@ def shard_model(
             f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "
             "parallelism (CP) models only"
         )
-    for position, layer in enumerate(hints.attention_layers):
-        if layer.replace is not None:
-            raise InputError(
-                f"{hints_source}: attention_layers[{position}] (q {layer.q!r}): fused "
-                "replacement (cp-type fused) is not supported yet; use native CP hints "
-                "(replace: null)"
-            )
     _check_tensors(index, hints, hints_source)
+    sites: dict[int, FusedSite] = {}
+    if any(layer.replace is not None for layer in hints.attention_layers):
+        if detected is None:
+            detected = detect_attention(index, shapes)
+        sites = fused_sites(index, hints, detected, hints_source)
     if layers is None:
-        layers = gathered_by_q(detect_attention(index, shapes))
+        layers = gathered_by_q(
+            detected if detected is not None else detect_attention(index, shapes)
+        )
     rewriter = _Rewriter(index, hints, hints_source, shapes)
 
     for position, tensor in enumerate(hints.inputs):
@@ -260,6 +315,10 @@ def shard_model(
     q_is_gathered = False
     gathered: set[str] = set()
     for position, layer in enumerate(hints.attention_layers):
+        if layer.replace is not None:
+            # The fused op gathers K and V inside; its output is the rank's queries' only.
+            rewriter.fuse(sites[position], layer.replace)
+            continue
         if not layers.get(layer.q):
             raise HintsMismatchError(
                 f"{hints_source}: attention_layers[{position}]: q {layer.q!r} is not the Q of "

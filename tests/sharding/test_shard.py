@@ -275,11 +275,13 @@ def _save(directory: Path, model: onnx.ModelProto) -> Path:
         (
             {
                 "attention_layers": (
-                    AttentionLayerHint("q", True, False, replace=FusedAttention(is_causal=True)),
+                    AttentionLayerHint(
+                        "input", False, False, replace=FusedAttention(is_causal=True)
+                    ),
                 )
             },
-            "hints.json: attention_layers[0] (q 'q'): fused replacement (cp-type fused) is not "
-            "supported yet",
+            "hints.json: attention_layers[0] (q 'input'): q 'input' is not the Q of any "
+            "attention layer",
         ),
         ({"parallelism": "TP"}, "hints.json: parallelism 'TP': shard writes context"),
         (
