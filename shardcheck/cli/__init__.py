@@ -19,6 +19,8 @@ from typing import Any
 import click
 
 from shardcheck.cli.arguments import expand_list_options
+from shardcheck.cli.exit_codes import exit_codes_epilog
+from shardcheck.cli.json_output import echo_error_json, errors_as_json, wants_json
 from shardcheck.errors import ShardcheckError
 from shardcheck.lifetime import free_at_exit
 
@@ -29,6 +31,8 @@ EXIT_INPUT_ERROR = 2  # findings and differences are 1: the commands return it
 def error_line(message: str) -> None:
     text = " ".join(str(message).split())
     click.echo(f"shardcheck: error: {text}", err=True)
+    with contextlib.suppress(OSError):  # a closed stdout: the exit code still says it
+        echo_error_json(text)  # under --format json, stdout gets it as JSON too
 
 
 def warning_line(message: str) -> None:
@@ -66,8 +70,16 @@ class ShardcheckGroup(click.Group):
             finally:
                 if enabled:
                     gc.enable()
+            command.epilog = command.epilog or exit_codes_epilog(cmd_name)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            # A bare ``shardcheck``: its help as click lays it out, not as one error line.
+            click.echo(ctx.get_help(), err=True)
+            raise click.exceptions.Exit(EXIT_INPUT_ERROR)
+        return super().parse_args(ctx, args)
 
     def main(  # type: ignore[override]
         self,
@@ -79,6 +91,7 @@ class ShardcheckGroup(click.Group):
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         debug = "--debug" in argv or bool(os.environ.get("SHARDCHECK_DEBUG"))
+        errors_as_json(wants_json(argv))
         if not debug:
             # A library's warning (onnx: "the onnxtxt format is experimental") would add lines
             # to the one-line answer; it says nothing about the input. --debug shows them.

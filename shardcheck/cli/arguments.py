@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -104,6 +104,38 @@ FORMAT_OPTION = click.option(
     show_default=True,
     help="text for people, json for machines (the same content).",
 )
+
+
+# ``-q``: on every command that reports.
+QUIET_OPTION = click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Report only what fails (no warnings, no progress); the exit code is the same.",
+)
+
+
+def codes_option(codes: Collection[str], what: str) -> Callable[[F], F]:
+    """``--ignore CODE`` (repeatable), CODE one of ``codes``: leave ``what`` of that code
+    out."""
+
+    def known(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> Any:
+        given = tuple(code.upper() for code in value)
+        for code in given:
+            if code not in codes:
+                raise click.BadParameter(
+                    f"{code!r} is not a finding code (the codes: docs/findings.md)"
+                )
+        return given
+
+    return click.option(
+        "--ignore",
+        "ignore",
+        multiple=True,
+        metavar="CODE",
+        callback=known,
+        help=f"Leave out {what} of CODE, e.g. SC110 (repeatable; docs/findings.md).",
+    )
 
 
 def tolerance_options(when: str = "") -> Callable[[F], F]:

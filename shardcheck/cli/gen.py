@@ -7,17 +7,21 @@ from pathlib import Path
 import click
 
 from shardcheck.cli import warning_line
-from shardcheck.cli.arguments import INT_LIST, defaulted
+from shardcheck.cli.arguments import FORMAT_OPTION, INT_LIST, QUIET_OPTION, codes_option, defaulted
+from shardcheck.cli.json_output import echo_json
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.generation.generate import generate
+from shardcheck.generation.messages import code_of
 from shardcheck.generation.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 from shardcheck.graph.concurrent_check import checked_concurrently
 from shardcheck.graph.index import gc_paused
 from shardcheck.graph.loader import index_parsed, parse_model
+from shardcheck.hints.codec import encode
 from shardcheck.hints.files import write_hints
 from shardcheck.hints.model import REDUCE_OPS
 from shardcheck.lifetime import keep_until_exit
+from shardcheck.verification.findings import CODES
 
 
 @click.command()
@@ -78,8 +82,20 @@ from shardcheck.lifetime import keep_until_exit
     "frontier: the tensors that make CP exact (position tables and masks computed whole, "
     "then scattered); graph: graph inputs and outputs only, as Polygraphy suggests them.",
 )
-def gen(model: str, output: str, **options: object) -> int:
-    """Write shard hints for MODEL (an ONNX file) to OUTPUT."""
+@FORMAT_OPTION
+@QUIET_OPTION
+@codes_option(CODES, "the warnings")
+def gen(
+    model: str,
+    output: str,
+    output_format: str,
+    quiet: bool,
+    ignore: tuple[str, ...],
+    **options: object,
+) -> int:
+    """Write shard hints for MODEL (an ONNX file) to OUTPUT. Its warnings go to stderr, each
+    with its code (docs/findings.md); with --format json, a JSON report goes to stdout (the
+    hints in it with -o -)."""
     try:
         gen_options = GenOptions(**options)  # type: ignore[arg-type]
     except InputError as exc:
@@ -96,9 +112,26 @@ def gen(model: str, output: str, **options: object) -> int:
             result = generate(index, gen_options)
     # Weights in node attributes (a Constant's) are known once the checks have run.
     _refuse_weight_file(output, model, parsed.external_locations())
-    for warning in result.warnings:
-        warning_line(warning)
-    write_hints(output, result.hints)
+    warnings = [w for w in result.warnings if code_of(w) not in ignore]
+    if output_format == "json":
+        if output != "-":
+            write_hints(output, result.hints)
+        echo_json(
+            {
+                "ok": True,
+                "model": model,
+                "output": output,
+                "warnings": [{"code": code_of(w), "message": w} for w in warnings],
+                "hints": encode(result.hints) if output == "-" else None,
+            }
+        )
+    else:
+        if not quiet:
+            for warning in warnings:
+                code = code_of(warning)  # named at the end, unless the text names it already
+                named = code is None or f"({code})" in warning
+                warning_line(warning if named else f"{warning} [{code}]")
+        write_hints(output, result.hints)
     keep_until_exit(parsed, index)
     return 0
 

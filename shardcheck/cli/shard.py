@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from shardcheck.cli.arguments import FORMAT_OPTION
+from shardcheck.cli.json_output import echo_json
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
 from shardcheck.graph.loader import check_weight_files, load_index
@@ -18,7 +20,8 @@ from shardcheck.sharding.save import save_sharded_model
 @click.argument("model", type=click.Path())
 @click.argument("hints", type=click.Path())
 @click.option("-o", "--output", required=True, help="The multi-device ONNX model to write.")
-def shard(model: str, hints: str, output: str) -> int:
+@FORMAT_OPTION
+def shard(model: str, hints: str, output: str, output_format: str) -> int:
     """Write the multi-device model of MODEL for the CP hints HINTS, as Polygraphy's
     'multi-device shard' does: DistCollective reduce-scatters after the hinted inputs,
     all-gathers of K and V (Q with gather_q) and of the hinted outputs.
@@ -41,4 +44,23 @@ def shard(model: str, hints: str, output: str) -> int:
     check_weight_files(index, model)
     sharded = shard_model(index, read_hints(hints), hints_source=hints)
     save_sharded_model(sharded.model, source=model, output=output)
+    if output_format == "json":
+        collectives = sorted(sharded.tails.values(), key=lambda tail: tail.collective_node)
+        echo_json(
+            {
+                "ok": True,
+                "model": model,
+                "hints": hints,
+                "output": output,
+                "collectives": [
+                    {
+                        "node": tail.collective_node,
+                        "operation": tail.operation,
+                        "tensor": tail.source,
+                        "axis": tail.axis,
+                    }
+                    for tail in collectives
+                ],
+            }
+        )
     return 0

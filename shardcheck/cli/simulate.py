@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from shardcheck.cli.arguments import DIM_SETTING, dims_mapping, tolerance_options
-from shardcheck.simulation.simulate import simulate
+from shardcheck.cli.arguments import (
+    DIM_SETTING,
+    FORMAT_OPTION,
+    QUIET_OPTION,
+    dims_mapping,
+    tolerance_options,
+)
+from shardcheck.cli.json_output import echo_json
+from shardcheck.cli.progress import Progress
+from shardcheck.simulation.simulate import SimulationResult, simulate
 
 
 @click.command(name="simulate")
@@ -27,6 +37,8 @@ from shardcheck.simulation.simulate import simulate
 )
 @tolerance_options()
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@FORMAT_OPTION
+@QUIET_OPTION
 def simulate_command(
     model: str,
     hints: str,
@@ -36,19 +48,47 @@ def simulate_command(
     rtol: float,
     atol: float,
     seed: int,
+    output_format: str,
+    quiet: bool,
 ) -> int:
     """Shard MODEL with HINTS, run it on N simulated ranks (onnxruntime, CPU) and compare the
     outputs with the single-device run. Exit 0: they match; 1: they differ (the first tensor
     that differs is named); 2: bad input."""
-    result = simulate(
-        model,
-        hints,
-        ranks=ranks,
-        seq_len=seq_len,
-        dims=dims_mapping(dims),
-        rtol=rtol,
-        atol=atol,
-        seed=seed,
-    )
-    click.echo(result.summary())
+    with Progress(enabled=not quiet) as progress:
+        progress(f"simulating CP on {ranks} ranks at sequence length {seq_len}...")
+        result = simulate(
+            model,
+            hints,
+            ranks=ranks,
+            seq_len=seq_len,
+            dims=dims_mapping(dims),
+            rtol=rtol,
+            atol=atol,
+            seed=seed,
+        )
+    if output_format == "json":
+        echo_json(_result_json(model, hints, result))
+    elif not (quiet and result.ok):
+        click.echo(result.summary())
     return 0 if result.ok else 1
+
+
+def _result_json(model: str, hints: str, result: SimulationResult) -> dict[str, Any]:
+    """The simulation's result for --format json: what the summary says, as fields."""
+    mismatch = result.mismatch
+    return {
+        "ok": result.ok,
+        "model": model,
+        "hints": hints,
+        "ranks": result.ranks,
+        "seq_len": result.seq_len,
+        "dims": result.dims,
+        "outputs": list(result.outputs),
+        "stages": result.stages,
+        "rtol": result.rtol,
+        "atol": result.atol,
+        "max_abs_error": result.max_abs_error,
+        "length_fixed": result.length_fixed,
+        "mismatch": None if mismatch is None else {"tensor": mismatch.tensor or None},
+        "summary": result.summary(),
+    }

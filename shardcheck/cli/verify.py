@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from shardcheck.cli.arguments import DIM_SETTING, FORMAT_OPTION, dims_mapping, tolerance_options
+from shardcheck.cli.arguments import (
+    DIM_SETTING,
+    FORMAT_OPTION,
+    QUIET_OPTION,
+    codes_option,
+    dims_mapping,
+    tolerance_options,
+)
+from shardcheck.cli.progress import Progress
+from shardcheck.verification.findings import CODES
 from shardcheck.verification.verify import DEFAULT_SEQ_LENS, verify
 
 
@@ -48,6 +57,9 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @FORMAT_OPTION
+@QUIET_OPTION
+@codes_option(CODES, "the findings")
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1), as errors do.")
 def verify_command(
     model: str,
     hints: str,
@@ -59,20 +71,27 @@ def verify_command(
     timeout: float | None,
     seed: int,
     output_format: str,
+    quiet: bool,
+    ignore: tuple[str, ...],
+    strict: bool,
 ) -> int:
-    """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding."""
-    report = verify(
-        model,
-        hints,
-        seq_lens=seq_lens,
-        dims=dims_mapping(dims),
-        ranks=ranks,
-        rtol=rtol,
-        atol=atol,
-        timeout=timeout,
-        seed=seed,
-        progress=lambda message: click.echo(f"shardcheck: {message}", err=True),
-    )
+    """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding (or a
+    warning, with --strict)."""
+    with Progress(enabled=not quiet) as progress:
+        progress(f"checking {hints} against {model}...")
+        report = verify(
+            model,
+            hints,
+            seq_lens=seq_lens,
+            dims=dims_mapping(dims),
+            ranks=ranks,
+            rtol=rtol,
+            atol=atol,
+            timeout=timeout,
+            seed=seed,
+            progress=progress,
+        )
+    report = report.judged(strict=strict, ignore=ignore, quiet=quiet)
     text = report.render_json() if output_format == "json" else report.render_text()
     click.echo(text, nl=False)
     return 0 if report.ok else 1

@@ -59,7 +59,9 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             warnings.extend(messages.no_sequence_axis(index, guessed))
         else:
             frontier = find_frontier(index, shapes, layers)
-            warnings.extend(f"{index.source}: {w}" for w in frontier.warnings)
+            warnings.extend(
+                messages.Warned("SC308", f"{index.source}: {w}") for w in frontier.warnings
+            )
             inputs, outputs = tuple(frontier.inputs), tuple(frontier.outputs)
     warnings.extend(messages.unknown_ranks(index, (*inputs, *outputs)))
     found = ShardHints(inputs=inputs, outputs=outputs, **kv_axes)

@@ -1,4 +1,9 @@
-"""The words of gen's warnings: what each one says, and when it is due."""
+"""The words of gen's warnings: what each one says, and when it is due.
+
+Each warning carries a code (``Warned.code``, docs/findings.md): verify's, where verify reports
+the same thing (SC110: a layer Polygraphy skips), else one of gen's own SC3nn; ``gen --ignore
+CODE`` leaves it out.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +18,32 @@ from shardcheck.hints.model import ShardTensor, is_permutation
 from shardcheck.wording import counted, listed
 
 
+class Warned(str):
+    """A warning's text (it is a ``str``), with its finding code."""
+
+    code: str
+
+    def __new__(cls, code: str, text: str) -> Warned:
+        warned = super().__new__(cls, text)
+        warned.code = code
+        return warned
+
+
+def code_of(warning: str) -> str | None:
+    """The code of a warning; None for one made without (every warning should have one)."""
+    return warning.code if isinstance(warning, Warned) else None
+
+
 def about_options(options: GenOptions) -> list[str]:
     """What gen says of the options themselves, in either mode."""
     return [*ignored_options(options), *shuffles_not_permutations(options)]
 
 
 def no_layers_polygraphy(index: GraphIndex, pattern: str) -> str:
-    return (
+    return Warned(
+        "SC301",
         f"{index.source}: no attention layer found (tried Polygraphy's {pattern}); the hints "
-        "have no layers"
+        "have no layers",
     )
 
 
@@ -30,26 +52,35 @@ def about_layers(index: GraphIndex, layers: list[AttentionLayer], options: GenOp
     warnings: list[str] = []
     if not layers:
         warnings.append(
-            f"{index.source}: no attention layer found (looked for Softmax between two MatMuls "
-            "or Einsums, with scales, masks and casts between them, and for fused Attention, "
-            "MultiHeadAttention and GroupQueryAttention nodes); the hints have no layers"
+            Warned(
+                "SC301",
+                f"{index.source}: no attention layer found (looked for Softmax between two MatMuls "
+                "or Einsums, with scales, masks and casts between them, and for fused Attention, "
+                "MultiHeadAttention and GroupQueryAttention nodes); the hints have no layers",
+            )
         )
     skipped = [layer.name for layer in layers if not layer.polygraphy_recognises]
     if skipped:
         warnings.append(
-            f"{index.source}: {len(skipped)} of {counted(len(layers), 'attention layer')} "
-            f"{'matches' if len(skipped) == 1 else 'match'} neither of Polygraphy's patterns "
-            f"({'first: ' if len(skipped) > 1 else ''}{skipped[0]}); 'polygraphy "
-            f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
-            "'shardcheck shard' does not"
+            Warned(
+                "SC110",
+                f"{index.source}: {len(skipped)} of {counted(len(layers), 'attention layer')} "
+                f"{'matches' if len(skipped) == 1 else 'match'} neither of Polygraphy's patterns "
+                f"({'first: ' if len(skipped) > 1 else ''}{skipped[0]}); 'polygraphy "
+                f"multi-device shard' would skip {'it' if len(skipped) == 1 else 'them'}, "
+                "'shardcheck shard' does not",
+            )
         )
     warnings.extend(layer_warnings(index, layers, options))
     unknown = [layer.name for layer in layers if layer.q_axis is None or layer.k_axis is None]
     if unknown:
         warnings.append(
-            f"{index.source}: the ranks of Q/K/V are unknown for layer {unknown[0]}"
-            f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}; "
-            "their axes fall back to the --k-idx/--v-idx/--kv-rank options"
+            Warned(
+                "SC304",
+                f"{index.source}: the ranks of Q/K/V are unknown for layer {unknown[0]}"
+                f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}; "
+                "their axes fall back to the --k-idx/--v-idx/--kv-rank options",
+            )
         )
     return warnings
 
@@ -60,10 +91,13 @@ def no_sequence_axis(index: GraphIndex, guessed: Sequence[str]) -> list[str]:
     if not guessed:
         return []
     return [
-        f"{index.source}: no axis of {listed(guessed)} carries the sequence: "
-        f"{'it is' if len(guessed) == 1 else 'they are'} written with the "
-        "--i-idx/--o-idx axis, as Polygraphy writes them, which CP cannot split "
-        "along the sequence; the default --io frontier finds the tensors that carry it"
+        Warned(
+            "SC306",
+            f"{index.source}: no axis of {listed(guessed)} carries the sequence: "
+            f"{'it is' if len(guessed) == 1 else 'they are'} written with the "
+            "--i-idx/--o-idx axis, as Polygraphy writes them, which CP cannot split "
+            "along the sequence; the default --io frontier finds the tensors that carry it",
+        )
     ]
 
 
@@ -73,10 +107,13 @@ def unknown_ranks(index: GraphIndex, tensors: Sequence[ShardTensor]) -> list[str
     if not rankless:
         return []
     return [
-        f"{index.source}: the rank of {counted(len(rankless), 'hinted tensor')} is not "
-        f"known ({'first: ' if len(rankless) > 1 else ''}{rankless[0]}): shape inference "
-        "could not follow the graph there. Sharding it ('shardcheck shard', verify "
-        "--ranks, Polygraphy) needs it: declare its shape in the model's value_info"
+        Warned(
+            "SC307",
+            f"{index.source}: the rank of {counted(len(rankless), 'hinted tensor')} is not "
+            f"known ({'first: ' if len(rankless) > 1 else ''}{rankless[0]}): shape inference "
+            "could not follow the graph there. Sharding it ('shardcheck shard', verify "
+            "--ranks, Polygraphy) needs it: declare its shape in the model's value_info",
+        )
     ]
 
 
@@ -86,8 +123,11 @@ def shuffles_not_permutations(options: GenOptions) -> list[str]:
     if options.cp_type != "fused":
         return []
     return [
-        f"--{name.replace('_', '-')} {','.join(map(str, shuffle))} is not a permutation "
-        f"(each axis from 0 to {len(shuffle) - 1} once); verify reports it (SC112)"
+        Warned(
+            "SC112",
+            f"--{name.replace('_', '-')} {','.join(map(str, shuffle))} is not a permutation "
+            f"(each axis from 0 to {len(shuffle) - 1} once); verify reports it (SC112)",
+        )
         for name in ("q_shuffle", "k_shuffle", "v_shuffle")
         if (shuffle := getattr(options, name)) and not is_permutation(shuffle)
     ]
@@ -105,23 +145,32 @@ def ignored_options(options: GenOptions) -> list[str]:
         ] + (["--is-causal"] if options.is_causal else [])
         if fused_only:
             warnings.append(
-                f"{listed(fused_only)} {'applies' if len(fused_only) == 1 else 'apply'} to "
-                "--cp-type fused only; ignored"
+                Warned(
+                    "SC302",
+                    f"{listed(fused_only)} {'applies' if len(fused_only) == 1 else 'apply'} to "
+                    "--cp-type fused only; ignored",
+                )
             )
     if options.compat == "none" and options.attention_pattern != 0:
         warnings.append(
-            "--attention-pattern chooses a Polygraphy pattern, for --compat polygraphy only; "
-            "ignored (shardcheck detects attention as exporters write it)"
+            Warned(
+                "SC302",
+                "--attention-pattern chooses a Polygraphy pattern, for --compat polygraphy only; "
+                "ignored (shardcheck detects attention as exporters write it)",
+            )
         )
     if options.parallelism != "CP":
         warnings.append(
-            f"--parallelism {options.parallelism} changes only the hints' label (they are built "
-            "as for CP, as Polygraphy builds them); 'shardcheck shard' and 'verify --ranks' "
-            "take CP hints only"
+            Warned(
+                "SC302",
+                f"--parallelism {options.parallelism} changes only the hints' label (they are "
+                "built as for CP, as Polygraphy builds them); 'shardcheck shard' and 'verify "
+                "--ranks' take CP hints only",
+            )
         )
     if options.io == "graph" and (options.compat == "polygraphy" or options.no_suggest_io):
         why = "--compat polygraphy" if options.compat == "polygraphy" else "--no-suggest-io"
-        warnings.append(f"--io graph changes nothing with {why}; ignored")
+        warnings.append(Warned("SC302", f"--io graph changes nothing with {why}; ignored"))
     return warnings
 
 
@@ -135,12 +184,15 @@ def fixed_length(
     seq = sequence_dim(shapes, layers)
     if isinstance(seq, int):
         return [
-            f"{index.source}: the sequence length is fixed at {seq} in this model (the query "
-            f"axis of layer {layers[0].name} has that size, not a symbolic dim), so the "
-            "sequence axes are found by size and CP works at that length only if no rank's "
-            "slice reaches a node that holds it (a Reshape to a fixed shape). If the export "
-            "fixed it, export with a dynamic sequence axis; check CP with 'shardcheck verify "
-            f"{index.source} HINTS --ranks N'"
+            Warned(
+                "SC120",
+                f"{index.source}: the sequence length is fixed at {seq} in this model (the query "
+                f"axis of layer {layers[0].name} has that size, not a symbolic dim), so the "
+                "sequence axes are found by size and CP works at that length only if no rank's "
+                "slice reaches a node that holds it (a Reshape to a fixed shape). If the export "
+                "fixed it, export with a dynamic sequence axis; check CP with 'shardcheck verify "
+                f"{index.source} HINTS --ranks N'",
+            )
         ]
     baked = baked_lengths(index, shapes, seq)
     if not baked:
@@ -148,12 +200,15 @@ def fixed_length(
     node, length = baked[0]
     more = f" (and {counted(len(baked) - 1, 'other Reshape')})" if len(baked) > 1 else ""
     return [
-        f"{index.source}: the sequence length is baked into the model: {node.label}{more} "
-        f"reshapes to a fixed shape that holds a length of {length}, so the model runs at that "
-        "length only (TorchScript's tracing writes it there; PyTorch's dynamo exporter keeps "
-        "it symbolic). CP shards it at that length only if no rank's slice reaches those "
-        f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens "
-        f"{length},{2 * length}'"
+        Warned(
+            "SC002",
+            f"{index.source}: the sequence length is baked into the model: {node.label}{more} "
+            f"reshapes to a fixed shape that holds a length of {length}, so the model runs at that "
+            "length only (TorchScript's tracing writes it there; PyTorch's dynamo exporter keeps "
+            "it symbolic). CP shards it at that length only if no rank's slice reaches those "
+            f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens "
+            f"{length},{2 * length}'",
+        )
     ]
 
 
@@ -172,10 +227,13 @@ def shapeless_masks(
     mask, layer = next(iter(shapeless.items()))
     more = f" (and {len(shapeless) - 1} more)" if len(shapeless) > 1 else ""
     return [
-        f"{index.source}: the shape of {mask}{more}, which layer {layer.name} combines with "
-        "its scores, is not fully known (shape inference could not follow the graph there), "
-        "so gen cannot tell whether each rank needs a slice of it; CP may not be exact: "
-        f"check with 'shardcheck verify {index.source} HINTS --ranks N'"
+        Warned(
+            "SC305",
+            f"{index.source}: the shape of {mask}{more}, which layer {layer.name} combines with "
+            "its scores, is not fully known (shape inference could not follow the graph there), "
+            "so gen cannot tell whether each rank needs a slice of it; CP may not be exact: "
+            f"check with 'shardcheck verify {index.source} HINTS --ranks N'",
+        )
     ]
 
 
@@ -189,23 +247,29 @@ def layer_warnings(
     if packed:
         one = len(packed) == 1
         warnings.append(
-            f"{index.source}: {counted(len(packed), 'attention layer')} "
-            f"({'first: ' if not one else ''}{packed[0]}) {'takes' if one else 'take'} Q and K "
-            "from one tensor: gathering K and V gathers Q too, so every rank computes "
-            f"{'it' if one else 'them'} whole, which CP does not speed up (a packed "
-            "com.microsoft Attention, as onnxruntime's transformer optimizer fuses it, does "
-            "so: shard the model before that fusion)"
+            Warned(
+                "SC303",
+                f"{index.source}: {counted(len(packed), 'attention layer')} "
+                f"({'first: ' if not one else ''}{packed[0]}) {'takes' if one else 'take'} Q and K "
+                "from one tensor: gathering K and V gathers Q too, so every rank computes "
+                f"{'it' if one else 'them'} whole, which CP does not speed up (a packed "
+                "com.microsoft Attention, as onnxruntime's transformer optimizer fuses it, does "
+                "so: shard the model before that fusion)",
+            )
         )
-    if options.cp_type == "fused":
-        # Polygraphy's format gives every layer the one --is-causal.
+    if options.cp_type == "fused" and options.is_causal:
+        # Each layer's is_causal is inferred from its mask; --is-causal sets it on every one.
         unlike = [layer.name for layer in layers if (layer.causal is not None) != options.is_causal]
         if unlike:
             warnings.append(
-                f"{index.source}: the fused attention is told is_causal "
-                f"{str(options.is_causal).lower()} for every layer, but the mask of "
-                f"{counted(len(unlike), 'layer')} ({'first: ' if len(unlike) > 1 else ''}"
-                f"{unlike[0]}) is {'not ' if options.is_causal else ''}causal; verify reports "
-                "it (SC124)"
+                Warned(
+                    "SC124",
+                    f"{index.source}: the fused attention is told is_causal "
+                    f"{str(options.is_causal).lower()} for every layer, but the mask of "
+                    f"{counted(len(unlike), 'layer')} ({'first: ' if len(unlike) > 1 else ''}"
+                    f"{unlike[0]}) is {'not ' if options.is_causal else ''}causal; verify reports "
+                    "it (SC124)",
+                )
             )
     return warnings
 
@@ -228,9 +292,12 @@ def overridden_axes(
         if unlike:
             name, axis = unlike[0]
             warnings.append(
-                f"{index.source}: {option} {given} is written, but "
-                f"{counted(len(unlike), 'layer')} {'carries' if len(unlike) == 1 else 'carry'} "
-                f"the keys on another axis ({'first: ' if len(unlike) > 1 else ''}{name}, "
-                f"axis {axis}); verify reports it"
+                Warned(
+                    "SC105" if option == "--k-idx" else "SC106",
+                    f"{index.source}: {option} {given} is written, but "
+                    f"{counted(len(unlike), 'layer')} {'carries' if len(unlike) == 1 else 'carry'} "
+                    f"the keys on another axis ({'first: ' if len(unlike) > 1 else ''}{name}, "
+                    f"axis {axis}); verify reports it",
+                )
             )
     return warnings

@@ -1,17 +1,26 @@
-"""Findings of ``verify``: stable codes, a readable table, the same content as JSON."""
+"""Findings of ``verify``: stable codes, a readable table, the same content as JSON.
+
+Findings of one code that repeat (SC110 once per layer of a 96-layer model) are collapsed in the
+text into one row and one message with their count and first fields; the JSON keeps each one.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from shardcheck.wording import counted, listed
 
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
 LEVELS = (ERROR, WARNING, INFO)
 
-# Stable codes: CI logs and docs name findings by them. Never renumber; add new ones.
+# Stable codes: CI logs and docs name findings by them. Never renumber; add new ones. SC0nn to
+# SC2nn are verify's findings, SC3nn gen's warnings (generation/messages.py).
 CODES = {
     "SC001": "model does not run",
     "SC002": "model runs only at its traced sequence length",
@@ -43,7 +52,21 @@ CODES = {
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",
+    # gen's own warnings (gen also gives the codes above to the warnings verify reports too).
+    "SC301": "no attention layer found",
+    "SC302": "option changes nothing",
+    "SC303": "Q and K from one tensor",
+    "SC304": "Q/K/V ranks unknown",
+    "SC305": "mask shape unknown",
+    "SC306": "no axis carries the sequence",
+    "SC307": "hinted tensor rank unknown",
+    "SC308": "CP may not be exact",
 }
+
+# Up to this many findings of one code and level are shown one by one; more are collapsed.
+SHOWN_ALIKE = 3
+# The fields a collapsed message names before "and N more".
+NAMED_ALIKE = 3
 
 
 @dataclass(frozen=True)
@@ -67,14 +90,44 @@ class Report:
     hints: str
     findings: list[Finding] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)  # onnxruntime runs made
+    # How the report is judged and shown (verify's --strict, --ignore, -q): judged().
+    strict: bool = False  # warnings fail too
+    ignored: tuple[str, ...] = ()  # codes left out of the findings
+    quiet: bool = False  # the text shows only the findings that fail
 
     @property
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.level == ERROR]
 
     @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == WARNING]
+
+    @property
+    def failing(self) -> list[Finding]:
+        """The findings that fail the report: its errors, and its warnings when strict."""
+        levels = (ERROR, WARNING) if self.strict else (ERROR,)
+        return [f for f in self.findings if f.level in levels]
+
+    @property
     def ok(self) -> bool:
-        return not self.errors
+        return not self.failing
+
+    def judged(
+        self, *, strict: bool = False, ignore: Collection[str] = (), quiet: bool = False
+    ) -> Report:
+        """The report without the findings of the codes in ``ignore``, with warnings failing
+        when ``strict``, its text showing only what fails when ``quiet``."""
+        unknown = sorted(set(ignore) - set(CODES))
+        if unknown:
+            raise ValueError(f"not a finding code: {listed(unknown)}")
+        return dataclasses.replace(
+            self,
+            findings=[f for f in self.findings if f.code not in ignore],
+            strict=strict,
+            ignored=tuple(sorted(set(ignore))),
+            quiet=quiet,
+        )
 
     def add(
         self,
@@ -95,22 +148,50 @@ class Report:
         return sorted(self.findings, key=lambda f: (LEVELS.index(f.level), f.code, f.field))
 
     def render_text(self) -> str:
+        shown = self.failing if self.quiet else self.findings
         rows = [("code", "level", "check", "field", "expected", "observed")]
-        for f in self.sorted_findings():
-            rows.append((f.code, f.level, f.title, f.field, f.expected, f.observed))
+        messages = []
+        for alike in _alike_groups(shown):
+            first = alike[0]
+            if len(alike) <= SHOWN_ALIKE:
+                for f in sorted(alike, key=lambda f: f.field):
+                    rows.append((f.code, f.level, f.title, f.field, f.expected, f.observed))
+                    messages.append(f"{f.code} {f.level}: {f.message}")
+                continue
+            # One row and one message for them all: the count, the first fields, the first
+            # message (each finding names its own field and tensor, and is in the JSON).
+            rows.append(
+                (
+                    first.code,
+                    first.level,
+                    first.title,
+                    f"{first.field} (+{len(alike) - 1} more)",
+                    _common(f.expected for f in alike),
+                    _common(f.observed for f in alike),
+                )
+            )
+            fields = [f.field for f in alike[:NAMED_ALIKE]]
+            more = len(alike) - len(fields)
+            messages.append(
+                f"{first.code} {first.level}: {counted(len(alike), 'finding')}, at "
+                f"{listed([*fields, f'{more} more'])}; the first: {first.message}"
+            )
         widths = [min(48, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
         lines = [f"verify {self.model} with {self.hints}"]
-        if self.findings:
+        if len(rows) > 1:
             for row in rows:
                 cells = [_clip(cell, widths[i]).ljust(widths[i]) for i, cell in enumerate(row)]
                 lines.append("  ".join(cells).rstrip())
             lines.append("")
-            for f in self.sorted_findings():
-                lines.append(f"{f.code} {f.level}: {f.message}")
-        errors = len(self.errors)
-        warnings = sum(1 for f in self.findings if f.level == WARNING)
-        verdict = "FAIL" if errors else "PASS"
-        lines.append(f"{verdict}: {errors} error(s), {warnings} warning(s)")
+            lines.extend(messages)
+        verdict = "PASS" if self.ok else "FAIL"
+        notes = [f"ignored: {', '.join(self.ignored)}"] if self.ignored else []
+        if self.strict:
+            notes.append("--strict: warnings fail")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(
+            f"{verdict}: {len(self.errors)} error(s), {len(self.warnings)} warning(s){note}"
+        )
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -118,12 +199,41 @@ class Report:
             "model": self.model,
             "hints": self.hints,
             "ok": self.ok,
-            "findings": [{**asdict(f), "check": f.title} for f in self.sorted_findings()],
+            "strict": self.strict,
+            "ignored": list(self.ignored),
+            "findings": [_json_finding(f) for f in self.sorted_findings()],
             "runs": self.runs,
         }
 
     def render_json(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
+
+
+def _alike_groups(findings: list[Finding]) -> Iterator[list[Finding]]:
+    """``findings`` in groups of one code and level, by level and code; each group in the
+    order the findings were made (the graph's: its first are the model's first layers)."""
+    group: list[Finding] = []
+    for finding in sorted(findings, key=lambda f: (LEVELS.index(f.level), f.code)):
+        if group and (group[0].code, group[0].level) != (finding.code, finding.level):
+            yield group
+            group = []
+        group.append(finding)
+    if group:
+        yield group
+
+
+def _common(values: Iterator[str]) -> str:
+    """The value every finding of a group has, else "(varies)"."""
+    distinct = set(values)
+    return next(iter(distinct)) if len(distinct) == 1 else "(varies)"
+
+
+def _json_finding(finding: Finding) -> dict[str, Any]:
+    """A finding for JSON: a value it does not have (no tensor, nothing expected) is null."""
+    document: dict[str, Any] = {
+        key: (None if value == "" else value) for key, value in asdict(finding).items()
+    }
+    return {**document, "check": finding.title}
 
 
 def _text(value: object) -> str:

@@ -343,7 +343,7 @@ def test_a_k_or_v_index_unlike_the_layers_is_written_and_warned_of(tmp_path: Pat
     [warned] = [line for line in result.stderr.splitlines() if "is written, but" in line]
     assert warned.endswith(
         "--k-idx 2 is written, but 2 layers carry the keys on another axis (first: "
-        "/model/encoder/layer.0/attention/self/MatMul, axis 3); verify reports it"
+        "/model/encoder/layer.0/attention/self/MatMul, axis 3); verify reports it [SC105]"
     )
 
 
