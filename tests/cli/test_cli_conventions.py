@@ -176,3 +176,29 @@ def test_shardcheck_debug_gives_the_traceback_as_debug_does(tmp_path: Path) -> N
     assert "Traceback" not in plain.stderr
     assert "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1]
+
+
+def test_shell_completion_is_clicks_as_documented() -> None:
+    # docs/commands.md: eval "$(_SHARDCHECK_COMPLETE=bash_source shardcheck)".
+    command = [sys.executable, "-m", "shardcheck"]
+    source = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "_SHARDCHECK_COMPLETE": "bash_source"},
+    )
+    assert source.returncode == 0
+    assert "_shardcheck_completion()" in source.stdout
+    completing = {"COMP_WORDS": "shardcheck verify --st", "COMP_CWORD": "2"}
+    answer = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "_SHARDCHECK_COMPLETE": "bash_complete", **completing},
+    )
+    assert answer.stdout.split() == ["plain,--strict"]
+    documented = (ROOT / "docs" / "commands.md").read_text()
+    assert "_SHARDCHECK_COMPLETE=bash_source shardcheck" in documented
+    assert "SHARDCHECK_DEBUG=1" in documented
