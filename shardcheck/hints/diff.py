@@ -158,6 +158,7 @@ def render_text(differences: Sequence[Difference]) -> str:
 
 def render_json(golden: str, candidate: str, differences: Sequence[Difference]) -> str:
     document = {
+        "ok": not differences,  # the key every command's JSON has (cli/json_output.py)
         "golden": golden,
         "candidate": candidate,
         "equal": not differences,

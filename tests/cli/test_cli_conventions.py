@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,10 @@ def test_the_pre_commit_hook_of_fmt_runs_fmt_check() -> None:
 
 def _json_run(*args: object) -> tuple[int, dict[str, object]]:
     result = run_cli(*args, "--format", "json")
-    return result.exit_code, json.loads(result.stdout)
+    document = json.loads(result.stdout)
+    # Every command's object says whether it succeeded, as its exit code does.
+    assert document["ok"] is (result.exit_code == 0), document
+    return result.exit_code, document
 
 
 def test_format_json_works_on_every_command(tmp_path: Path) -> None:
@@ -96,6 +100,17 @@ def test_format_json_works_on_every_command(tmp_path: Path) -> None:
     assert (code, differences["equal"]) == (0, True)
     code, verified = _json_run("verify", GPT2, GPT2_HINTS)
     assert (code, verified["ok"]) == (0, True)
+    gated = tmp_path / "gated"  # the manifest's paths are inside its directory
+    gated.mkdir()
+    shutil.copy(FIXTURES / "attention.onnx", gated / "attention.onnx")
+    shutil.copy(GOLDEN / "attention.json", gated / "attention.json")
+    (gated / "shardcheck.toml").write_text(
+        '[tool.shardcheck]\n[[tool.shardcheck.models]]\npath = "attention.onnx"\n'
+        'golden = "attention.json"\n'
+    )
+    code, checked = _json_run("check", "--manifest", gated / "shardcheck.toml")
+    models = checked["models"]
+    assert code == 0 and [model["ok"] for model in models] == [True]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -194,6 +194,7 @@ def test_json_format(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.stderr == ""
     assert json.loads(result.stdout) == {
+        "ok": False,
         "golden": str(golden),
         "candidate": str(candidate),
         "equal": False,
