@@ -255,7 +255,10 @@ def test_head(shard_hints_regression):
 
 
 def test_fused(shard_hints_regression):
-    shard_hints_regression.check(MODEL, basename="fused_head", cp_type="fused", groups=[0, 1])
+    # Polygraphy's mode: the default mode keeps this rank-3 layer native (no heads axis).
+    shard_hints_regression.check(
+        MODEL, basename="fused_head", cp_type="fused", groups=[0, 1], compat="polygraphy"
+    )
 """
 
 

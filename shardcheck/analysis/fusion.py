@@ -75,7 +75,7 @@ def fused_site(
             layer.output,
             layer.internal,
             None,
-            f"is a {layer.op_type} layer; only MatMul/Softmax/MatMul layers are replaced",
+            f"it is a {layer.op_type} layer; only MatMul/Softmax/MatMul layers are replaced",
         )
     nodes = [index.nodes[i] for i in layer.internal]
     scale, problem = _score_scale(index, layer, nodes)
@@ -119,7 +119,7 @@ def _score_scale(
             return None, f"its scores are scaled by {node.label} by no constant"
         if node.op_type == "Where" and passed_softmax:
             continue  # HF's guard of fully masked rows: no row is, without a padding mask
-        return None, f"{node.label} ({node.op_type}) is no part of a fused attention"
+        return None, f"its {node.label} ({node.op_type}) is no part of a fused attention"
     return scale, ""
 
 
@@ -171,7 +171,7 @@ def fused_layout(index: GraphIndex, shapes: ShapeInference, layer: AttentionLaye
             None,
             None,
             is_causal,
-            f"has {what} (a padding mask, a bias, a window), which the mask-less fused "
+            f"it has {what} (a padding mask, a bias, a window), which the mask-less fused "
             "attention would drop",
         )
     # MatMul(q, k): q is [b, h, s, d] and k [b, h, d, s]; MatMul(p, v): v is [b, h, s, d].

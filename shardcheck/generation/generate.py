@@ -14,6 +14,7 @@ from shardcheck.errors import AnalysisError, InputError
 from shardcheck.frontier.search import find_frontier
 from shardcheck.generation import messages
 from shardcheck.generation.compat import generate_polygraphy, guess_seq_len_idx_by_name
+from shardcheck.generation.fused import fused_replacements
 from shardcheck.generation.options import GenOptions
 from shardcheck.generation.parts import GenResult, with_options
 from shardcheck.graph.index import GraphIndex, Shape, gc_paused
@@ -64,8 +65,12 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
             )
             inputs, outputs = tuple(frontier.inputs), tuple(frontier.outputs)
     warnings.extend(messages.unknown_ranks(index, (*inputs, *outputs)))
+    replacements = None
+    if options.cp_type == "fused":
+        replacements, about_fused = fused_replacements(index, shapes, layers, options)
+        warnings.extend(about_fused)
     found = ShardHints(inputs=inputs, outputs=outputs, **kv_axes)
-    hints = with_options(found, options, (layer.q for layer in layers))
+    hints = with_options(found, options, (layer.q for layer in layers), replacements)
     return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.detect import AttentionLayer
@@ -23,12 +23,19 @@ class GenResult:
     layers: tuple[AttentionLayer, ...] = field(default=())
 
 
-def with_options(hints: ShardHints, options: GenOptions, queries: Iterable[str]) -> ShardHints:
+def with_options(
+    hints: ShardHints,
+    options: GenOptions,
+    queries: Iterable[str],
+    replacements: Mapping[str, FusedAttention | None] | None = None,
+) -> ShardHints:
     """``hints`` (the tensors and K/V axes a mode found) with what the options set: the
-    parallelism, the collectives, and a hint for each layer of ``queries``, in that order."""
+    parallelism, the collectives, and a hint for each layer of ``queries``, in that order.
+    ``replacements``: each layer's own fused replacement (None: native), inferred; without,
+    the options' one for every layer."""
     return hints.with_changes(
         parallelism=options.parallelism,
-        attention_layers=tuple(_layer_hint(q, options) for q in queries),
+        attention_layers=tuple(_layer_hint(q, options, replacements) for q in queries),
         dist_collectives=_collectives(options),
     )
 
@@ -43,7 +50,12 @@ def _collectives(options: GenOptions) -> DistCollective:
     )
 
 
-def _layer_hint(q: str, options: GenOptions) -> AttentionLayerHint:
+def _layer_hint(
+    q: str, options: GenOptions, replacements: Mapping[str, FusedAttention | None] | None
+) -> AttentionLayerHint:
+    if replacements is not None and q in replacements:
+        fused = replacements[q]
+        return AttentionLayerHint(q=q, gather_kv=fused is None, gather_q=False, replace=fused)
     return AttentionLayerHint(
         q=q,
         gather_kv=options.cp_type == "native",

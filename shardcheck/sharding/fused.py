@@ -80,7 +80,7 @@ def fused_sites(
         if site.problem or site.scale is None:
             problem = site.problem or "the scale it applies is not a constant"
             raise HintsMismatchError(
-                f"{where}: layer {layer.name} {problem}, so no fused Attention can replace "
+                f"{where}: layer {layer.name}: {problem}, so no fused Attention can replace "
                 "it; hint it native (replace: null)"
             )
         sites[position] = site

@@ -25,7 +25,9 @@ from onnx import helper, numpy_helper
 from shardcheck.errors import InputError
 from shardcheck.graph.ops import is_default_domain
 from shardcheck.runtime.settings import refuse_sub_groups
+from shardcheck.sharding.fused import is_fused_attention
 from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER
+from shardcheck.simulation.fused_attention import FusedAttentionStep, fused_attention_step
 from shardcheck.simulation.rank_values import RankFailure, RankValues
 
 ALL_REDUCE = "all_reduce"
@@ -48,11 +50,17 @@ class CollectiveStep:
 
 
 def is_collective(node: onnx.NodeProto) -> bool:
-    return node.op_type == COLLECTIVE_OP and is_default_domain(node.domain)
+    """Whether ``node`` works across the ranks: a collective, or a fused multi-device
+    Attention (which gathers K and V inside)."""
+    return (node.op_type == COLLECTIVE_OP and is_default_domain(node.domain)) or is_fused_attention(
+        node
+    )
 
 
-def collective_step(node: onnx.NodeProto) -> CollectiveStep:
+def collective_step(node: onnx.NodeProto) -> CollectiveStep | FusedAttentionStep:
     """The collective ``node`` as a step; InputError for one the simulator cannot run."""
+    if is_fused_attention(node):
+        return fused_attention_step(node)
     attributes = _attributes(node)
     operation = str(attributes.get("collective_operation", ""))
     reduce_op = str(attributes.get("reduce_op", "none"))

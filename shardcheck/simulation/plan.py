@@ -19,6 +19,7 @@ from onnx import helper
 from shardcheck.graph.ops import is_default_domain
 from shardcheck.graph.tensors import attribute_graphs
 from shardcheck.simulation.collectives import CollectiveStep, collective_step, is_collective
+from shardcheck.simulation.fused_attention import FusedAttentionStep
 
 if TYPE_CHECKING:
     from shardcheck.simulation.ahead import AheadSession
@@ -48,7 +49,7 @@ def plan_steps(
     weights: Collection[str],
     graph_inputs: set[str],
     graph_outputs: list[str],
-) -> list[Stage | CollectiveStep]:
+) -> list[Stage | CollectiveStep | FusedAttentionStep]:
     """The stages and collectives of ``nodes`` (in a topological order; ``reads``: what each
     reads), in the order they run. ``weights``: the names of the initializers."""
     return _Planner(nodes, reads, weights).plan(graph_inputs, graph_outputs)
@@ -64,7 +65,7 @@ class _Planner:
 
     def plan(
         self, graph_inputs: set[str], graph_outputs: list[str]
-    ) -> list[Stage | CollectiveStep]:
+    ) -> list[Stage | CollectiveStep | FusedAttentionStep]:
         collective = [is_collective(node) for node in self.nodes]
         level = dict.fromkeys(set(self.weights) | graph_inputs, 0)
         level_of = level.get
@@ -98,7 +99,7 @@ class _Planner:
                 if read_at.get(name, -1.0) < reader:
                     read_at[name] = reader
 
-        steps: list[Stage | CollectiveStep] = []
+        steps: list[Stage | CollectiveStep | FusedAttentionStep] = []
         for at, here in enumerate(by_level):
             members = [i for i in here if not collective[i]]
             if members:

@@ -22,6 +22,7 @@ from shardcheck.simulation.collectives import (
     refuse_sub_group_collectives,
     run_collective,
 )
+from shardcheck.simulation.fused_attention import FusedAttentionStep, run_fused_attention
 from shardcheck.simulation.plan import Stage, downstream, plan_steps, toposorted
 from shardcheck.simulation.rank_values import RankFailure, RankValues
 
@@ -96,6 +97,8 @@ class RankSimulator:
             try:
                 if isinstance(step, CollectiveStep):
                     self._run_collective(step, values)
+                elif isinstance(step, FusedAttentionStep):
+                    run_fused_attention(step, values, self.ranks)
                 else:
                     self._run_stage(step, values, diagnostic)
             except RankFailure as failure:

@@ -74,6 +74,10 @@ def test_space_separated_lists_as_in_polygraphy() -> None:
         "--groups",
         "0",
         "1",
+        # Polygraphy's mode writes the options' replacement on every layer (the default mode
+        # keeps this rank-3 layer native: no [batch, heads, seq, head_dim]).
+        "--compat",
+        "polygraphy",
         "--cp-type",
         "fused",
         "--q-shuffle",
