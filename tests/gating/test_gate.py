@@ -206,6 +206,10 @@ def test_gen_options_of_the_entry_are_used(tmp_path: Path) -> None:
         "DIFFERS  attention (2 differences)",
         "    warning: the fused attention is told is_causal true for every layer, but the mask of "
         "1 layer (attn_mm1) is not causal; verify reports it (SC124)",
+        "    warning: 1 attention layer of 1 replaced as the fused options say, although the "
+        "first, attn_mm1, does not fit a fused attention: its Q, K, V and output have ranks 3, "
+        "3, 3, 3, not 4 each ([batch, heads, seq, head_dim]); check with 'shardcheck verify "
+        f"{manifest.parent / 'fixtures' / 'attention.onnx'} HINTS --ranks N'",
         "    attention_layers[q=q].gather_kv: true -> false",
         '    attention_layers[q=q].replace: null -> {"is_causal": true, "k_shuffle": null, '
         '"nb_rank": 1, "q_shuffle": null, "v_shuffle": null}',
