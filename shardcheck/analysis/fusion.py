@@ -154,8 +154,9 @@ def fused_layout(index: GraphIndex, shapes: ShapeInference, layer: AttentionLaye
     is_causal = layer.causal is not None
     if site.problem:
         return FusedLayout(None, None, None, is_causal, site.problem)
-    ranks = [shapes.rank(name) for name in (site.q, site.k, site.v, site.output)]
-    if any(rank != FUSED_RANK for rank in ranks):
+    shuffles = expected_shuffles(shapes, site)
+    if shuffles is None:
+        ranks = [shapes.rank(name) for name in (site.q, site.k, site.v, site.output)]
         return FusedLayout(
             None,
             None,
@@ -164,18 +165,33 @@ def fused_layout(index: GraphIndex, shapes: ShapeInference, layer: AttentionLaye
             f"its Q, K, V and output have ranks {', '.join(map(str, ranks))}, not "
             f"{FUSED_RANK} each ([batch, heads, seq, head_dim])",
         )
-    if layer.masks and (not is_causal or _reads_data_inputs(index, layer.masks)):
+    if drops_mask(index, layer):
         what = "a causal mask combined with another" if is_causal else "a mask that is not causal"
         return FusedLayout(
-            None,
-            None,
-            None,
+            *shuffles,
             is_causal,
             f"it has {what} (a padding mask, a bias, a window), which the mask-less fused "
             "attention would drop",
         )
-    # MatMul(q, k): q is [b, h, s, d] and k [b, h, d, s]; MatMul(p, v): v is [b, h, s, d].
-    return FusedLayout(None, (0, 1, 3, 2), None, is_causal)
+    return FusedLayout(*shuffles, is_causal)
+
+
+def expected_shuffles(
+    shapes: ShapeInference, site: FusedSite
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[int, ...] | None] | None:
+    """The Q, K and V shuffles of a MatMul layer of rank-4 tensors (None: of another rank).
+    MatMul(q, k): q is [b, h, s, d] and k [b, h, d, s]; MatMul(p, v): v is [b, h, s, d]."""
+    ranks = [shapes.rank(name) for name in (site.q, site.k, site.v, site.output)]
+    if any(rank != FUSED_RANK for rank in ranks):
+        return None
+    return None, (0, 1, 3, 2), None
+
+
+def drops_mask(index: GraphIndex, layer: AttentionLayer) -> bool:
+    """Whether a mask-less fused attention (causal or not) would drop a mask of the layer."""
+    if not layer.masks:
+        return False
+    return layer.causal is None or _reads_data_inputs(index, layer.masks)
 
 
 def _reads_data_inputs(index: GraphIndex, masks: Iterable[str]) -> bool:

@@ -8,6 +8,7 @@ from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints, ShardTensor, is_permutation
 from shardcheck.verification.findings import ERROR, WARNING, Report
+from shardcheck.verification.fused_checks import check_fused
 from shardcheck.wording import counted
 
 
@@ -17,10 +18,12 @@ def check_static(
     hints: ShardHints,
     layers: list[AttentionLayer],
     report: Report,
+    ranks: int | None = None,
 ) -> None:
     """Add to ``report`` what the hints get wrong by the graph alone: tensors, axes, ranks,
-    layers, collectives."""
+    layers, collectives, fused replacements (against ``ranks``, the ranks simulated)."""
     by_q = {layer.q: layer for layer in layers}
+    check_fused(index, shapes, hints, by_q, report, ranks)
     if hints.parallelism != "CP":
         report.add(
             "SC123",

@@ -96,7 +96,7 @@ def verify(
             shapes = ShapeInference(index)
             layers = detect_attention(index, shapes)
             by_q = {layer.q: layer for layer in layers}
-            check_static(index, shapes, hints, layers, report)
+            check_static(index, shapes, hints, layers, report, ranks)
             choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
             if ranks is not None:
                 _refuse_unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
