@@ -7,8 +7,10 @@ model was loaded and its hints generated.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from shardcheck.errors import InputError, OutputError, ShardcheckError
 from shardcheck.fsio import atomic_write_text
+from shardcheck.gating.golden_files import may_replace, not_a_regular_file, remove_stale
 from shardcheck.gating.manifest import Manifest, ModelEntry
 from shardcheck.generation.generate import generate
 from shardcheck.graph.loader import load_index
@@ -23,6 +26,7 @@ from shardcheck.hints.codec import dumps
 from shardcheck.hints.diff import Difference, diff_hints
 from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints
+from shardcheck.wording import counted
 
 OK = "ok"
 DIFFERS = "differs"
@@ -32,8 +36,10 @@ UPDATED = "updated"
 CREATED = "created"
 ERROR = "error"
 FAILED = "failed"  # the hints match the golden but verify found errors
+WARNED = "warned"  # all else passed, but gen warned and the entry is strict
 STALE = "stale"
-PASSING = (OK, UPDATED, CREATED)
+REMOVED = "removed"  # a stale golden that --update deleted
+PASSING = (OK, UPDATED, CREATED)  # WARNED fails: only a strict entry has that status
 _WROTE = (UPDATED, CREATED)
 STATUS_WIDTH = 9
 INDENT = "    "
@@ -45,6 +51,8 @@ class GoldenComparison:
     golden_path: Path
     differences: tuple[Difference, ...] = ()
     problem: str | None = None  # why the old golden could not be read
+    # An update may replace the file there (False: not a hints file, or not a regular file).
+    replaceable: bool = True
 
     @property
     def ok(self) -> bool:
@@ -80,6 +88,8 @@ class ModelResult:
             return self.golden.status
         if self.verify is not None and not self.verify.ok:
             return FAILED
+        if self.entry.strict and self.warnings:
+            return WARNED
         return self.golden.status
 
     @property
@@ -96,6 +106,11 @@ class ModelResult:
             *_golden_notes(self.entry, self.golden, None if self.held_back else update_flag),
             *([f"not written: {self._held_back_why()}"] if self.held_back else []),
             *self._verify_notes(),
+            *(
+                [f"{counted(len(self.warnings), 'warning')}, strict"]
+                if self.status == WARNED
+                else []
+            ),
         ]
         headline = f"{word}{name}" + (f" ({'; '.join(notes)})" if notes else "")
         # The headline names the model: its path, which begins gen's warnings, is left out.
@@ -143,6 +158,9 @@ class CheckResult:
     stale: tuple[Path, ...] = ()
     update: bool = False
     verify: bool = False
+    removed: tuple[Path, ...] = ()  # stale goldens that --update deleted
+    shard: tuple[int, int] | None = None  # (K, N) of --shard K/N
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -155,12 +173,35 @@ class CheckResult:
 
     def lines(self, *, update_flag: str = "--update") -> list[str]:
         lines = [line for result in self.models for line in result.lines(update_flag=update_flag)]
-        lines.extend(
-            f"{_status_word(STALE)}{self.manifest.display(path)} "
-            "(no model in the manifest claims it; delete it or list its model)"
-            for path in self.stale
-        )
+        lines.extend(self.stale_lines(update_flag=update_flag))
         return lines
+
+    def stale_lines(self, *, update_flag: str = "--update") -> list[str]:
+        """One line per stale golden: those --update removed, then those left."""
+        removed = [
+            f"{_status_word(REMOVED)}{self.manifest.display(path)} "
+            "(stale: no model in the manifest claimed it)"
+            for path in self.removed
+        ]
+        return removed + [
+            f"{_status_word(STALE)}{self.manifest.display(path)} "
+            f"(no model in the manifest claims it; {self._stale_advice(path, update_flag)})"
+            for path in self.stale
+        ]
+
+    def _stale_advice(self, path: Path, update_flag: str) -> str:
+        if not may_replace(path):
+            return "delete it or list its model"  # --update never removes it
+        return f"delete it, list its model, or run with {update_flag} to remove it"
+
+    def summary(self) -> str:
+        """One line: the models counted by outcome, the stale goldens, the time taken."""
+        return summary_line(
+            [result.status for result in self.models],
+            len(self.stale),
+            len(self.removed),
+            self.seconds,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -170,26 +211,73 @@ class CheckResult:
             "verify": self.verify,
             "models": [result.to_json() for result in self.models],
             "stale": [self.manifest.display(path) for path in self.stale],
+            "removed": [self.manifest.display(path) for path in self.removed],
+            "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
+            # What the text output prints, so that the reports of --shard slices merge into
+            # the output of the whole run.
+            "lines": self.lines(),
         }
 
 
-def run_check(manifest: Manifest, *, update: bool = False, verify: bool = False) -> CheckResult:
-    """Check every model of ``manifest``; one model's failure never stops the others."""
+def run_check(
+    manifest: Manifest,
+    *,
+    update: bool = False,
+    verify: bool = False,
+    strict: bool = False,
+    jobs: int = 1,
+    shard: tuple[int, int] | None = None,
+    on_result: Callable[[ModelResult], object] | None = None,
+) -> CheckResult:
+    """Check every model of ``manifest`` (of its slice ``shard``, (K, N)); one model's failure
+    never stops the others. ``strict``: gen's warnings fail every model, as the manifest's
+    ``strict`` key does. ``jobs``: processes to spread the models over. ``on_result`` is called
+    with each model's result as soon as it and those before it in the manifest are done."""
+    from shardcheck.gating.parallel import check_models
+    from shardcheck.gating.slices import shard_models
+
     if verify:
         _load_verify()  # before any golden is written: a run that cannot verify stops here
-    results = tuple(
-        _check_isolated(entry, update=update, verify=verify) for entry in manifest.models
-    )
+    started = time.monotonic()
+    entries = shard_models(manifest.models, shard)
+    if strict:
+        entries = tuple(dataclasses.replace(entry, strict=True) for entry in entries)
+    results = []
+    for result in check_models(entries, update=update, verify=verify, jobs=jobs):
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    # The stale goldens are the whole manifest's: the last slice reports them, once.
+    stale = find_stale_goldens(manifest) if shard is None or shard[0] == shard[1] else ()
+    removed = tuple(path for path in stale if update and remove_stale(path))
     return CheckResult(
         manifest=manifest,
-        models=results,
-        stale=find_stale_goldens(manifest),
+        models=tuple(results),
+        stale=tuple(path for path in stale if path not in removed),
         update=update,
         verify=verify,
+        removed=removed,
+        shard=shard,
+        seconds=time.monotonic() - started,
     )
 
 
-def _check_isolated(entry: ModelEntry, *, update: bool, verify: bool) -> ModelResult:
+def summary_line(statuses: Sequence[str], stale: int, removed: int, seconds: float) -> str:
+    """``3 models: 2 ok, 1 differs; 1 stale golden (0.8 s)``, outcomes in a fixed order."""
+    order = (OK, CREATED, UPDATED, DIFFERS, MISSING, INVALID, WARNED, FAILED, ERROR)
+    counts = [f"{statuses.count(status)} {status}" for status in order if status in statuses]
+    goldens = []
+    if stale:
+        goldens.append(counted(stale, "stale golden"))
+    if removed:
+        goldens.append(f"{counted(removed, 'stale golden')} removed")
+    tail = "".join(f"; {part}" for part in goldens)
+    return (
+        f"{counted(len(statuses), 'model')}: {', '.join(counts) or 'none'}{tail} ({seconds:.1f} s)"
+    )
+
+
+def check_isolated(entry: ModelEntry, *, update: bool, verify: bool) -> ModelResult:
     try:
         return check_model(entry, update=update, verify=verify)
     except Exception as exc:  # a bug on one model must not hide the results of the others
@@ -228,7 +316,14 @@ def verify_model(entry: ModelEntry) -> VerifyOutcome:
 def compare_with_golden(
     hints: ShardHints, golden_path: Path, *, update: bool = False
 ) -> GoldenComparison:
-    """Compare ``hints`` with the golden file; with ``update``, rewrite it when it differs."""
+    """Compare ``hints`` with the golden file; with ``update``, rewrite it when it differs.
+
+    Only a regular file is read (a FIFO would block), and only a hints file is rewritten."""
+    odd = not_a_regular_file(golden_path)
+    if odd is not None:
+        return GoldenComparison(
+            INVALID, golden_path, problem=f"{golden_path}: {odd}", replaceable=False
+        )
     if not golden_path.exists():
         if not update:
             return GoldenComparison(MISSING, golden_path)
@@ -237,8 +332,11 @@ def compare_with_golden(
     try:
         golden = read_hints(golden_path)
     except InputError as exc:
-        if not update:
-            return GoldenComparison(INVALID, golden_path, problem=exc.message)
+        replaceable = may_replace(golden_path)
+        if not update or not replaceable:
+            return GoldenComparison(
+                INVALID, golden_path, problem=exc.message, replaceable=replaceable
+            )
         write_golden(golden_path, hints)
         return GoldenComparison(UPDATED, golden_path, problem=exc.message)
     differences = tuple(diff_hints(golden, hints))
@@ -298,7 +396,11 @@ def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:
         settings["seq_lens"] = entry.seq_lens
     try:
         report = verify_hints(
-            str(entry.model_path), hints, hints_source="the hints gen writes", **settings
+            str(entry.model_path),
+            hints,
+            hints_source="the hints gen writes",
+            timeout=entry.timeout,
+            **settings,
         )
     except ShardcheckError as exc:
         return VerifyOutcome(ok=False, text=exc.message, error=exc.message)
@@ -334,8 +436,11 @@ def _golden_notes(
     if golden.status == MISSING:
         return [f"no golden: {entry.golden_text}{advice}"]
     if golden.status == INVALID:
-        if golden.golden_path.is_dir():  # --update cannot write a file there
-            return [f"{golden.problem}; remove it, or give the model another golden path"]
+        if not golden.replaceable:  # --update never writes over it
+            kept = (
+                "; not a hints file, so never overwritten" if golden.golden_path.is_file() else ""
+            )
+            return [f"{golden.problem}{kept}: remove it, or give the model another golden path"]
         return [f"{golden.problem}{advice}"]
     if golden.status == CREATED:
         return [f"wrote {entry.golden_text}"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,25 @@ else:  # pragma: no cover - Python 3.10
 
 MANIFEST_NAMES = ("shardcheck.toml", "pyproject.toml")
 TABLE = "tool.shardcheck"
-TOP_KEYS = ("golden-dir", "models")
-MODEL_KEYS = ("name", "path", "golden", "gen", "verify", "ranks", "seq-lens")
+TOP_KEYS = ("golden-dir", "models", "strict", "timeout")
+MODEL_KEYS = (
+    "name",
+    "path",
+    "golden",
+    "gen",
+    "verify",
+    "ranks",
+    "seq-lens",
+    "strict",
+    "timeout",
+)
+# How long one model's verify may run, in seconds, unless the manifest says otherwise: long
+# enough for a model of a few GiB on a CI runner, short enough that a hung run fails the job.
+DEFAULT_VERIFY_TIMEOUT = 600.0
+# The longest golden file name: its temporary file, ".<name>.<8 characters>.tmp", must fit in
+# the 255 bytes a file name may have.
+MAX_GOLDEN_NAME_BYTES = 240
+NAME_MAX = 255
 # Names become pytest node names and report keys: no spaces, no "::", no "/".
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
@@ -49,6 +67,8 @@ class ModelEntry:
     verify: bool = False
     ranks: int | None = None
     seq_lens: tuple[int, ...] | None = None
+    strict: bool = False  # gen's warnings fail the model
+    timeout: float = DEFAULT_VERIFY_TIMEOUT  # seconds verify may run
 
     @property
     def where(self) -> str:
@@ -68,36 +88,102 @@ class Manifest:
 
 
 def find_manifest(directory: str | os.PathLike[str] = ".") -> Path:
-    """``shardcheck.toml`` in ``directory`` if there is one, else its ``pyproject.toml``."""
+    """The manifest of ``directory``: in it or the nearest parent directory, a
+    ``shardcheck.toml``, or else a ``pyproject.toml`` with a [tool.shardcheck] table (as pytest
+    and ruff find their configuration). The paths in it stay relative to its own directory."""
     base = Path(directory)
-    for name in MANIFEST_NAMES:
-        candidate = base / name
+    levels = len(Path(os.path.abspath(base)).parents)
+    nearest_pyproject = None
+    # Spelled relative to ``directory`` (../shardcheck.toml), as the user would.
+    for folder in (base, *(base.joinpath(*[".."] * up) for up in range(1, levels + 1))):
+        candidate = folder / MANIFEST_NAMES[0]
         if candidate.is_file():
             return candidate
+        candidate = folder / MANIFEST_NAMES[1]
+        if candidate.is_file() and _mentions_the_table(candidate):
+            return candidate
+        if candidate.is_file() and nearest_pyproject is None:
+            nearest_pyproject = candidate
+    if nearest_pyproject is not None:
+        return nearest_pyproject  # load_manifest says that it has no table
     raise InputError(
-        f"{base}: no manifest: neither shardcheck.toml nor pyproject.toml is in this directory"
+        f"{base}: no manifest: no shardcheck.toml, nor a pyproject.toml with a [{TABLE}] "
+        "table, in this directory or any parent"
     )
+
+
+def _mentions_the_table(pyproject: Path) -> bool:
+    """Whether a pyproject.toml may hold the manifest (a project's own pyproject without one is
+    passed over for a parent's). A mention is enough: load_manifest says what is wrong."""
+    try:
+        return TABLE.encode() in pyproject.read_bytes()
+    except OSError:
+        return True
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate the manifest in the TOML file ``path``."""
     file = Path(path)
+    if "\0" in os.fspath(path):
+        raise InputError(f"{os.fspath(path)!r}: a path cannot hold a NUL byte")
     if os.fspath(path) == "-" and not file.exists():
         raise InputError(
             "-: reading the manifest from standard input is not supported; give its path"
         )
-    problem = why_unreadable(file, "a TOML file")
+    problem = _why_not_a_manifest_file(file)
     if problem:
         raise InputError(f"{file}: {problem}")
     try:
-        document = tomllib.loads(file.read_text(encoding="utf-8"))
+        data = file.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise InputError(
+            f"{file}: begins with a UTF-8 byte-order mark, which TOML does not allow; "
+            "save the file without it"
+        )
+    try:
+        document = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InputError(f"{file}: not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{file}: not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise InputError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise InputError(f"{file}: not a usable TOML file: nested too deeply") from None
     return parse_manifest(document, file)
+
+
+def _why_not_a_manifest_file(file: Path) -> str | None:
+    """Why ``file`` cannot be read as the manifest. Only a regular file can: standard input,
+    a pipe or a device would be read once, or block."""
+    if _names_a_stream(file):
+        return "is standard input or another open stream, not a file; give the manifest's path"
+    if os.path.islink(file) and not file.exists():
+        return f"no such file (a link to {os.readlink(file)!r}, which does not exist)"
+    problem = why_unreadable(file, "a TOML file")
+    if problem:
+        return problem
+    if not file.is_file():
+        return "is not a regular file (a pipe or a device); give the manifest's path"
+    return None
+
+
+def _names_a_stream(file: Path) -> bool:
+    """Whether ``file`` is, or links through, /dev/stdin (stdout, stderr), /dev/fd/N or
+    /proc/*/fd/N: a file descriptor of a process, which may be a pipe, a terminal or closed."""
+    spelled = os.path.abspath(file)
+    for _ in range(40):  # the kernel's own limit on links followed
+        parts = Path(spelled).parts
+        if spelled in ("/dev/stdin", "/dev/stdout", "/dev/stderr") or spelled.startswith(
+            "/dev/fd/"
+        ):
+            return True
+        if len(parts) >= 4 and parts[1] == "proc" and parts[3] == "fd":
+            return True
+        if not os.path.islink(spelled):
+            return False
+        spelled = os.path.join(os.path.dirname(spelled), os.readlink(spelled))
+    return False
 
 
 def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
@@ -105,6 +191,12 @@ def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
     table = _normalised_keys(_shardcheck_table(document, source), TOP_KEYS, source, TABLE)
     root = source.parent
     golden_dir_text = _optional_path(table, "golden-dir", source, TABLE)
+    if golden_dir_text is not None:
+        _refuse_outside(root, golden_dir_text, source, f"{TABLE}.golden-dir")
+    defaults = {
+        "strict": _strict(table, False, source, TABLE),
+        "timeout": _timeout(table, DEFAULT_VERIFY_TIMEOUT, source, TABLE),
+    }
     if "models" not in table:
         raise _error(source, f"{TABLE}.models", f"missing (list each model as [[{TABLE}.models]])")
     raw_models = table["models"]
@@ -114,7 +206,9 @@ def parse_manifest(document: Mapping[str, Any], source: Path) -> Manifest:
             f"{TABLE}.models",
             f"expected one or more [[{TABLE}.models]] tables, got {shown(raw_models)}",
         )
-    models = tuple(_model(raw, position, source, root) for position, raw in enumerate(raw_models))
+    models = tuple(
+        _model(raw, position, source, root, defaults) for position, raw in enumerate(raw_models)
+    )
     _check_unique(models, source)
     golden_dir = None
     if golden_dir_text is not None:
@@ -154,7 +248,9 @@ def _shardcheck_table(document: Mapping[str, Any], source: Path) -> Mapping[str,
     return table
 
 
-def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
+def _model(
+    raw: Any, position: int, source: Path, root: Path, defaults: Mapping[str, Any]
+) -> ModelEntry:
     where = f"{TABLE}.models[{position}]"
     if not isinstance(raw, dict):
         raise _error(source, where, f"expected a table, got {shown(raw)}")
@@ -163,6 +259,13 @@ def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
     golden_text = _required_path(raw, "golden", source, where)
     if not golden_text.endswith(".json"):
         raise _error(source, f"{where}.golden", f"expected a .json file, got {shown(golden_text)}")
+    _refuse_outside(root, golden_text, source, f"{where}.golden")
+    if len(Path(golden_text).name.encode("utf-8", "surrogateescape")) > MAX_GOLDEN_NAME_BYTES:
+        raise _error(
+            source,
+            f"{where}.golden",
+            f"the file name is longer than {MAX_GOLDEN_NAME_BYTES} bytes; give a shorter one",
+        )
     name = _name(raw, path_text, source, where)
     gen = raw.get("gen", {})
     if not isinstance(gen, dict):
@@ -181,6 +284,8 @@ def _model(raw: Any, position: int, source: Path, root: Path) -> ModelEntry:
         verify=verify,
         ranks=_ranks(raw, source, where),
         seq_lens=_seq_lens(raw, source, where),
+        strict=_strict(raw, defaults["strict"], source, where),
+        timeout=_timeout(raw, defaults["timeout"], source, where),
     )
     _check_ranks_divide(entry, source, where)
     return entry
@@ -205,6 +310,48 @@ def _name(raw: Mapping[str, Any], path_text: str, source: Path, where: str) -> s
             f"expected a name of letters, digits, _ . + - (no spaces), got {shown(name)}",
         )
     return name
+
+
+def _strict(raw: Mapping[str, Any], default: bool, source: Path, where: str) -> bool:
+    strict = raw.get("strict", default)
+    if not isinstance(strict, bool):
+        raise _error(source, f"{where}.strict", f"expected true or false, got {shown(strict)}")
+    return strict
+
+
+def _timeout(raw: Mapping[str, Any], default: float, source: Path, where: str) -> float:
+    timeout = raw.get("timeout", default)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= threading.TIMEOUT_MAX
+    ):
+        raise _error(
+            source,
+            f"{where}.timeout",
+            f"expected a positive number of seconds, got {shown(timeout)}",
+        )
+    return float(timeout)
+
+
+def _refuse_outside(root: Path, text: str, source: Path, where: str) -> None:
+    """A golden (or golden-dir) outside the manifest's directory would let a manifest, or
+    --update, write over any file the user can write: refused, links followed."""
+    if Path(text).is_absolute():
+        raise _error(
+            source,
+            where,
+            f"{shown(text)} is an absolute path; give a path inside the manifest's directory",
+        )
+    base = os.path.realpath(root)
+    real = os.path.realpath(root / text)
+    if not Path(real).is_relative_to(base):
+        raise _error(
+            source,
+            where,
+            f"{shown(text)} resolves outside the manifest's directory (to {real}); "
+            "give a path inside it",
+        )
 
 
 def _ranks(raw: Mapping[str, Any], source: Path, where: str) -> int | None:
@@ -272,6 +419,16 @@ def _check_unique(models: tuple[ModelEntry, ...], source: Path) -> None:
                 f"{entry.golden_text} is already the golden of {other.where} ({other.name})",
             )
         goldens[golden] = entry
+    inputs = {source.resolve(): "the manifest itself"}
+    inputs.update((entry.model_path.resolve(), f"the model of {entry.where}") for entry in models)
+    for entry in models:
+        what = inputs.get(entry.golden_path.resolve())
+        if what is not None:
+            raise _error(
+                source,
+                f"{entry.where}.golden",
+                f"{shown(entry.golden_text)} is {what}; give the golden a file of its own",
+            )
 
 
 def _normalised_keys(
@@ -307,6 +464,12 @@ def _optional_path(table: Mapping[str, Any], key: str, source: Path, where: str)
 def _path_text(value: Any, source: Path, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _error(source, where, f"expected a path (a non-empty string), got {shown(value)}")
+    if "\0" in value:
+        raise _error(source, where, f"{shown(value)}: a path cannot hold a NUL byte")
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in Path(value).parts):
+        raise _error(
+            source, where, f"{shown(value)}: a file name in it is longer than {NAME_MAX} bytes"
+        )
     return value
 
 

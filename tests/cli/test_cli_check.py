@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,16 @@ def make_project(directory: Path, models: tuple[str, ...] = MODELS) -> Path:
     return manifest
 
 
+SUMMARY = re.compile(r"^[0-9]+ models?: .+ \([0-9]+\.[0-9] s\)$")
+
+
+def model_lines(stdout: str) -> list[str]:
+    """check's lines without its last, the summary (which holds the time taken)."""
+    *lines, summary = stdout.splitlines()
+    assert SUMMARY.match(summary), summary
+    return lines
+
+
 def drift(golden: Path) -> None:
     golden.write_text(dumps(drifted(read_hints(golden))))
     os.utime(golden, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
@@ -74,7 +85,8 @@ def test_all_ok_exits_0(tmp_path: Path) -> None:
 
     assert result.exit_code == 0
     # gen's warnings under their model, as gen prints them (but the model's path).
-    assert result.stdout.splitlines() == [
+    assert result.stdout.splitlines()[-1].startswith("3 models: 3 ok (")
+    assert model_lines(result.stdout) == [
         "ok       attention",
         "ok       attention_head",
         "ok       multi_attention",
@@ -90,7 +102,8 @@ def test_one_changed_model_exits_1_and_is_named(tmp_path: Path) -> None:
     result = run_cli("check", "--manifest", manifest)
 
     assert result.exit_code == 1
-    assert result.stdout.splitlines() == [
+    assert result.stdout.splitlines()[-1].startswith("3 models: 2 ok, 1 differs (")
+    assert model_lines(result.stdout) == [
         "ok       attention",
         "DIFFERS  attention_head (1 difference)",
         '    dist_collectives.reduce_op: "sum" -> "max"',
@@ -152,13 +165,13 @@ def test_missing_golden_fails_until_update_writes_it(tmp_path: Path) -> None:
 
     missing = run_cli("check", "--manifest", manifest)
     assert missing.exit_code == 1
-    assert missing.stdout == (
-        "MISSING  attention (no golden: golden/attention.json; run with --update)\n"
-    )
+    assert model_lines(missing.stdout) == [
+        "MISSING  attention (no golden: golden/attention.json; run with --update)"
+    ]
 
     created = run_cli("check", "--manifest", manifest, "--update")
     assert created.exit_code == 0
-    assert created.stdout == "CREATED  attention (wrote golden/attention.json)\n"
+    assert model_lines(created.stdout) == ["CREATED  attention (wrote golden/attention.json)"]
     assert golden.read_bytes() == expected
 
 
@@ -171,10 +184,10 @@ def test_a_golden_that_is_a_directory_is_not_said_to_be_fixed_by_update(tmp_path
     result = run_cli("check", "--manifest", manifest)
 
     assert result.exit_code == 1
-    assert result.stdout == (
-        f"INVALID  attention ({golden}: is a directory, expected a JSON hints file; remove it, "
-        "or give the model another golden path)\n"
-    )
+    assert model_lines(result.stdout) == [
+        f"INVALID  attention ({golden}: is a directory, expected a JSON hints file: remove it, "
+        "or give the model another golden path)"
+    ]
 
 
 def test_stale_golden_fails(tmp_path: Path) -> None:
@@ -184,7 +197,7 @@ def test_stale_golden_fails(tmp_path: Path) -> None:
     result = run_cli("check", "--manifest", manifest, "--update")
 
     assert result.exit_code == 1
-    assert result.stdout.splitlines() == [
+    assert model_lines(result.stdout) == [
         "ok       attention",
         "STALE    golden/old.json (no model in the manifest claims it; delete it or list its "
         "model)",
@@ -225,7 +238,7 @@ def test_report_file_with_text_output(tmp_path: Path) -> None:
 
     result = run_cli("check", "--manifest", manifest, "--report", report)
 
-    assert (result.exit_code, result.stdout) == (0, "ok       attention\n")
+    assert (result.exit_code, model_lines(result.stdout)) == (0, ["ok       attention"])
     assert json.loads(report.read_text())["ok"] is True
 
 
@@ -296,7 +309,32 @@ def test_default_manifest_prefers_shardcheck_toml(
 
     result = run_cli("check")
 
-    assert (result.exit_code, result.stdout, result.stderr) == (0, "ok       attention\n", "")
+    assert (result.exit_code, model_lines(result.stdout), result.stderr) == (
+        0,
+        ["ok       attention"],
+        "",
+    )
+
+
+def test_run_from_a_subdirectory_finds_the_manifest_above(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_project(tmp_path, ("attention",))
+    # A project's own pyproject.toml without the table is passed over for the parent's manifest.
+    (tmp_path / "fixtures" / "sub").mkdir()
+    (tmp_path / "fixtures" / "sub" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.chdir(tmp_path / "fixtures" / "sub")
+    drift(tmp_path / "golden" / "attention.json")
+
+    result = run_cli("check", "--format", "json")
+
+    assert result.exit_code == 1, result.stderr
+    report = json.loads(result.stdout)
+    # The paths in it stay relative to the manifest's directory, not the current one.
+    assert report["manifest"] == "../../shardcheck.toml"
+    assert [(m["model"], m["golden"], m["status"]) for m in report["models"]] == [
+        ("fixtures/attention.onnx", "golden/attention.json", "differs")
+    ]
 
 
 def test_default_pyproject_without_table_is_a_clean_error(
@@ -321,8 +359,8 @@ def test_no_manifest_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     assert result.exit_code == 2
     assert result.stderr == (
-        "shardcheck: error: .: no manifest: neither shardcheck.toml nor pyproject.toml is in "
-        "this directory\n"
+        "shardcheck: error: .: no manifest: no shardcheck.toml, nor a pyproject.toml with a "
+        "[tool.shardcheck] table, in this directory or any parent\n"
     )
 
 
@@ -483,7 +521,7 @@ def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> Non
     result = run_cli("check", "--manifest", manifest, "--verify")
 
     assert result.exit_code == 1
-    lines = result.stdout.splitlines()
+    lines = model_lines(result.stdout)
     assert lines[0] == "FAILED   attention_head (verify failed)"
     # The hints verified are those gen writes now (not a file): said so, not "<hints>".
     assert lines[1] == f"    verify {model} with the hints gen writes"

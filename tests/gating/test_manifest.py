@@ -93,7 +93,8 @@ def test_find_manifest_without_either_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as error:
         find_manifest(tmp_path)
     assert error.value.message == (
-        f"{tmp_path}: no manifest: neither shardcheck.toml nor pyproject.toml is in this directory"
+        f"{tmp_path}: no manifest: no shardcheck.toml, nor a pyproject.toml with a "
+        "[tool.shardcheck] table, in this directory or any parent"
     )
 
 
@@ -153,11 +154,12 @@ INVALID = {
     "unknown model key": (
         GOOD + model(path='"b.onnx"', golden='"b.json"', rank="2"),
         "tool.shardcheck.models[1].rank: unknown key "
-        "(known keys: name, path, golden, gen, verify, ranks, seq-lens)",
+        "(known keys: name, path, golden, gen, verify, ranks, seq-lens, strict, timeout)",
     ),
     "unknown top key": (
         'golden_directory = "golden"\n' + GOOD,
-        "tool.shardcheck.golden_directory: unknown key (known keys: golden-dir, models)",
+        "tool.shardcheck.golden_directory: unknown key "
+        "(known keys: golden-dir, models, strict, timeout)",
     ),
     "both spellings": (
         model(path='"a.onnx"', golden='"a.json"', seq_lens="[8]", **{"seq-lens": "[8]"}),

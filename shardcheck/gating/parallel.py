@@ -1,0 +1,115 @@
+"""``check --jobs N``: the manifest's models spread over N processes, results in manifest order.
+
+Each model is checked in a worker process (``check_isolated``, as in a serial run), so one
+model's onnxruntime threads and memory end with its worker's task. Goldens are distinct per
+model (the manifest refuses two models sharing one) and written atomically, so workers never
+write one file. Memory: a model whose verify is to run is started only when its estimate
+(``runtime/memory.py``'s, at its longest length), with those of the models running, fits in
+what was available at the start; one that does not fit even alone runs alone, where verify
+refuses it if it must. Nothing is oversubscribed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from shardcheck.gating.gate import ModelResult, check_isolated
+from shardcheck.gating.manifest import ModelEntry
+from shardcheck.generation.options import DEFAULT_SEQ_LENS
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity, which a container or taskset sets)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_models(
+    entries: Sequence[ModelEntry], *, update: bool, verify: bool, jobs: int
+) -> Iterator[ModelResult]:
+    """The result of each entry, in the order of ``entries``, checked by ``jobs`` processes."""
+    jobs = max(1, min(jobs, len(entries)))
+    if jobs == 1:
+        for entry in entries:
+            yield check_isolated(entry, update=update, verify=verify)
+        return
+    needs = [memory_need(entry) if verify and entry.verify else 0 for entry in entries]
+    from shardcheck.runtime.memory import available_bytes
+
+    budget = available_bytes()
+    # forkserver: a fork of this process (onnxruntime's threads, if any) could deadlock.
+    context = multiprocessing.get_context("forkserver")
+    done: dict[int, ModelResult] = {}
+    running: dict[Future[_Sent], int] = {}
+    submitted = shown = 0
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        while shown < len(entries):
+            while submitted < len(entries) and len(running) < jobs:
+                in_use = sum(needs[i] for i in running.values())
+                fits = budget is None or in_use + needs[submitted] <= budget
+                if running and not fits:
+                    break  # wait for memory: the model runs once enough is free, or alone
+                future = pool.submit(
+                    _check_in_worker, entries[submitted], update=update, verify=verify
+                )
+                running[future] = submitted
+                submitted += 1
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                position = running.pop(future)
+                done[position] = _result(future, entries[position])
+            while shown in done:
+                yield done.pop(shown)
+                shown += 1
+
+
+_Sent = tuple[ModelResult, tuple[tuple[str | None, str], ...]]
+
+
+def _check_in_worker(entry: ModelEntry, *, update: bool, verify: bool) -> _Sent:
+    """``check_isolated`` in a worker; gen's warnings are sent as (code, text), since a str
+    that carries a code does not pickle as one."""
+    result = check_isolated(entry, update=update, verify=verify)
+    sent = tuple((getattr(warning, "code", None), str(warning)) for warning in result.warnings)
+    return dataclasses.replace(result, warnings=()), sent
+
+
+def _result(future: Future[_Sent], entry: ModelEntry) -> ModelResult:
+    from shardcheck.generation.messages import Warned
+
+    try:
+        result, sent = future.result()
+        warnings = tuple(text if code is None else Warned(code, text) for code, text in sent)
+        return dataclasses.replace(result, warnings=warnings)
+    except Exception as exc:  # the worker died (killed, out of memory): that model fails
+        return ModelResult(
+            entry, error=f"the worker process checking it failed: {type(exc).__name__}: {exc}"
+        )
+
+
+def memory_need(entry: ModelEntry) -> int:
+    """The memory ``entry``'s verify needs at least: ``runtime/memory.py``'s estimate at its
+    longest sequence length, every non-batch dim of the inputs set to it (0 if the model
+    cannot be read: its check reports that)."""
+    from shardcheck.analysis.symbolic import BATCH_LIKE
+    from shardcheck.errors import ShardcheckError
+    from shardcheck.graph.loader import load_index
+    from shardcheck.runtime.memory import estimate
+    from shardcheck.runtime.sizes import default_dim, graph_input_dims
+
+    longest = max(entry.seq_lens or DEFAULT_SEQ_LENS)
+    try:
+        index = load_index(entry.model_path)
+        dims = {
+            name: default_dim(name) if BATCH_LIKE.search(name) else longest
+            for name in graph_input_dims(index)
+        }
+        return estimate(index, dims).total
+    except (ShardcheckError, OSError, ValueError):
+        return 0
