@@ -96,7 +96,10 @@ def check(
     slice_ = None if shard is None else parse_shard(shard)
     loaded = load_manifest(find_manifest() if manifest is None else manifest)
     if report is not None:  # refused before any model runs or any golden is written
-        _refuse_report_path(report, loaded)
+        try:
+            _refuse_report_path(report, loaded)
+        except OSError as exc:  # a name too long, a loop of links...
+            raise OutputError(f"{report}: cannot write: {exc.strerror or exc}") from None
     if jobs is None:
         from shardcheck.gating.parallel import default_jobs
 
