@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -217,3 +218,31 @@ def test_shell_completion_is_clicks_as_documented() -> None:
     documented = (ROOT / "docs" / "commands.md").read_text()
     assert "_SHARDCHECK_COMPLETE=bash_source shardcheck" in documented
     assert "SHARDCHECK_DEBUG=1" in documented
+
+
+def test_the_pre_commit_docs_pin_a_commit_that_has_the_hooks() -> None:
+    # The repository has no tags: rev: is a sha, which must exist and have every hook named.
+    gating = (ROOT / "docs" / "gating.md").read_text()
+    revisions = re.findall(r"rev: (\S+)", gating)
+    assert revisions and all(re.fullmatch(r"[0-9a-f]{40}", rev) for rev in revisions), revisions
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the commit cannot be looked up")
+    named = set(re.findall(r"- id: (shardcheck-[\w-]+)", gating))
+    for rev in revisions:
+        hooks = subprocess.run(
+            ["git", "show", f"{rev}:.pre-commit-hooks.yaml"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        if hooks.returncode != 0 and _shallow():
+            pytest.skip(f"a shallow clone: {rev} may be past its history")
+        assert hooks.returncode == 0, hooks.stderr
+        assert named <= set(re.findall(r"- id: (\S+)", hooks.stdout)), named
+
+
+def _shallow() -> bool:
+    answer = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True, cwd=ROOT
+    )
+    return answer.stdout.strip() == "true"
