@@ -15,13 +15,15 @@ from shardcheck.simulation.simulate import simulate
 from shardcheck.verification.verify import verify
 
 REAL = FIXTURES / "real"
-# An encoder, a causal decoder layer (SDPA, is_causal), one whose mask is causal but a padding
-# mask too (stays native).
+# An encoder; a causal layer (SDPA, is_causal); HF GPT-2 and HF Llama with grouped KV heads
+# called with input_ids alone (causal masks only); GPT-2 with its attention_mask input, whose
+# mask is causal and padding (stays native).
 ENCODER, CAUSAL, PADDED = (
     REAL / "ts_transformer_encoder.onnx",
     REAL / "ts_sdpa_causal.onnx",
     REAL / "ts_gpt2_tiny.onnx",
 )
+DECODER, GROUPED_KV = REAL / "dynamo_gpt2_causal_ids.onnx", REAL / "ts_llama_gqa_causal_ids.onnx"
 
 
 def fused_hints(model: Path, tmp_path: Path, nb_rank: int) -> Path:
@@ -64,21 +66,31 @@ def test_compat_polygraphy_copies_the_options_to_every_layer(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("model", [ENCODER, CAUSAL], ids=["encoder", "causal"])
+@pytest.mark.parametrize(
+    "model",
+    [ENCODER, CAUSAL, DECODER, GROUPED_KV],
+    ids=["encoder", "causal", "decoder", "grouped-kv"],
+)
 def test_fused_hints_pass_verify_with_ranks(model: Path, ranks: int, tmp_path: Path) -> None:
-    report = verify(model, fused_hints(model, tmp_path, ranks), ranks=ranks)
+    hints = fused_hints(model, tmp_path, ranks)
+    # Every layer is replaced: the simulation ran the fused op, not native CP.
+    assert all(layer["replace"] for layer in read_json(hints)["attention_layers"])
+    report = verify(model, hints, ranks=ranks)
     assert report.ok, report.render_text()
     assert any(f.code == "SC202" for f in report.findings)
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("model", [CAUSAL, GROUPED_KV], ids=["causal", "grouped-kv"])
 def test_causal_fused_simulation_is_exact_on_every_rank(
-    batch: int, ranks: int, tmp_path: Path
+    model: Path, batch: int, ranks: int, tmp_path: Path
 ) -> None:
+    # Every rank's output is compared with its slice of the single-device run: a wrong query
+    # offset would mask the wrong keys on every rank but the first.
     result = simulate(
-        CAUSAL,
-        fused_hints(CAUSAL, tmp_path, ranks),
+        model,
+        fused_hints(model, tmp_path, ranks),
         ranks=ranks,
         seq_len=16,
         dims={"batch": batch},
