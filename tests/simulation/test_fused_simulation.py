@@ -147,3 +147,9 @@ def test_nb_rank_1_attends_the_ranks_own_positions_only() -> None:
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+@pytest.mark.parametrize("model", [ENCODER, GROUPED_KV], ids=["encoder", "grouped-kv"])
+def test_nb_rank_1_on_one_rank_is_the_subgraph_it_replaced(model: Path, tmp_path: Path) -> None:
+    result = simulate(model, fused_hints(model, tmp_path, 1), ranks=1, seq_len=8, rtol=0, atol=1e-6)
+    assert result.ok, result.summary()
