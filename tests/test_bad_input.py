@@ -353,6 +353,8 @@ def _positions(good: dict[str, Path], out: Path) -> dict[str, Callable[[Path], l
     }
     positions["simulate MODEL"] = lambda f: ["simulate", f, hints, *SIMULATE_SETTINGS]
     positions["simulate HINTS"] = lambda f: ["simulate", model, f, *SIMULATE_SETTINGS]
+    positions["explain MODEL"] = lambda f: ["explain", f, hints, "--seq-len", "8"]
+    positions["explain HINTS"] = lambda f: ["explain", model, f, "--seq-len", "8"]
     return positions
 
 

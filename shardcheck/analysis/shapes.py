@@ -14,6 +14,7 @@ propagation knows less. This module runs the rules over the graph, once per dist
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from shardcheck.analysis.shape_rules import RULE_OPS, apply_rule
@@ -38,11 +39,20 @@ MAX_MEMO_NODE_BYTES = 512
 _TENSOR_ATTRIBUTE_OPS = frozenset(("Constant", "ConstantOfShape"))
 
 
-class ShapeInference:
-    """Shapes and small shape values of every tensor of the main graph."""
+# A rule for an op that is not ONNX's (the DistCollective a sharded model holds): it is given
+# the inference and the node, as the rules of shape_rules are.
+ExtraRule = Callable[["ShapeInference", Node], "list[TensorInfo] | None"]
 
-    def __init__(self, index: GraphIndex) -> None:
+
+class ShapeInference:
+    """Shapes and small shape values of every tensor of the main graph; ``extra_rules``: rules
+    by op type for ops that shape_rules does not know (they get no memo key)."""
+
+    def __init__(
+        self, index: GraphIndex, extra_rules: Mapping[str, ExtraRule] | None = None
+    ) -> None:
         self.index = index
+        self._extra_rules = extra_rules or {}
         self.info: dict[str, TensorInfo] = {}
         for name in index.graph_inputs:
             self.info[name] = TensorInfo(index.declared_shape(name))
@@ -88,8 +98,9 @@ class ShapeInference:
         key = self._memo_key(node)
         known = None if key is None else self._results.get(key)
         if known is None:
+            extra = self._extra_rules.get(node.op_type)
             try:
-                results = apply_rule(self, node)
+                results = apply_rule(self, node) if extra is None else extra(self, node)
             except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
                 results = None
             read_by_name = node.op_type == "Constant" and self._read_by_name_after(node, results)

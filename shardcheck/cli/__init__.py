@@ -44,6 +44,7 @@ def warning_line(message: str) -> None:
 COMMANDS = {
     "check": "shardcheck.cli.check:check",
     "diff": "shardcheck.cli.diff:diff",
+    "explain": "shardcheck.cli.explain:explain",
     "fmt": "shardcheck.cli.fmt:fmt",
     "gen": "shardcheck.cli.gen:gen",
     "shard": "shardcheck.cli.shard:shard",

@@ -84,6 +84,15 @@ class DimSetting(click.ParamType):
 
 
 DIM_SETTING = DimSetting()
+# ``--dim NAME=VALUE`` of the commands that size a model's other dims (verify, explain).
+DIM_OPTION = click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    type=DIM_SETTING,
+    metavar="NAME=VALUE",
+    help="Value of another symbolic dim (repeatable); batch-like dims default to 1.",
+)
 
 
 def dims_mapping(settings: tuple[tuple[str, int], ...]) -> dict[str, int]:

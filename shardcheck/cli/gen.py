@@ -15,11 +15,11 @@ from shardcheck.generation.generate import generate
 from shardcheck.generation.messages import code_of
 from shardcheck.generation.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
 from shardcheck.graph.concurrent_check import checked_concurrently
-from shardcheck.graph.index import gc_paused
+from shardcheck.graph.index import GraphIndex, gc_paused
 from shardcheck.graph.loader import index_parsed, parse_model
 from shardcheck.hints.codec import encode
 from shardcheck.hints.files import write_hints
-from shardcheck.hints.model import REDUCE_OPS
+from shardcheck.hints.model import REDUCE_OPS, ShardHints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.verification.findings import CODES
 
@@ -132,6 +132,8 @@ def gen(
                 named = code is None or f"({code})" in warning
                 warning_line(warning if named else f"{warning} [{code}]")
         write_hints(output, result.hints)
+        if not quiet and gen_options.compat != "polygraphy":
+            _echo_plan_summary(index, result.hints, gen_options.nb_rank)
     keep_until_exit(parsed, index)
     return 0
 
@@ -140,3 +142,12 @@ def _refuse_weight_file(output: str, model: str, locations: set[str]) -> None:
     for location in sorted(locations):
         if same_file(output, Path(model).parent / location):
             raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
+
+
+def _echo_plan_summary(index: GraphIndex, hints: ShardHints, nb_rank: int) -> None:
+    """The plan written, in one line on stderr (Polygraphy's mode prints as Polygraphy does)."""
+    from shardcheck.planning.report import gen_summary
+
+    line = gen_summary(index, hints, nb_rank)
+    if line is not None:
+        click.echo(f"shardcheck: {line}", err=True)

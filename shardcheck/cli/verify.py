@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from shardcheck.cli.arguments import (
-    DIM_SETTING,
+    DIM_OPTION,
     FORMAT_OPTION,
     QUIET_OPTION,
     codes_option,
@@ -34,14 +34,7 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     callback=_int_list,
     help="Sequence lengths to run at (two or more).",
 )
-@click.option(
-    "--dim",
-    "dims",
-    multiple=True,
-    type=DIM_SETTING,
-    metavar="NAME=VALUE",
-    help="Value of another symbolic dim (repeatable); batch-like dims default to 1.",
-)
+@DIM_OPTION
 @click.option(
     "--ranks",
     type=click.IntRange(min=1),

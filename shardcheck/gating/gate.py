@@ -26,6 +26,7 @@ from shardcheck.hints.codec import dumps
 from shardcheck.hints.diff import Difference, diff_hints
 from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints
+from shardcheck.planning.golden import PlanComparison, compare_plan
 from shardcheck.wording import counted
 
 OK = "ok"
@@ -77,6 +78,7 @@ class ModelResult:
     # --update left the golden as it was: the hints it would have written failed verify, or
     # verify could not check them.
     held_back: bool = False
+    plan: PlanComparison | None = None  # the plan against its sidecar (planning/golden.py)
 
     @property
     def status(self) -> str:
@@ -86,6 +88,8 @@ class ModelResult:
             return ERROR
         if not self.golden.ok:
             return self.golden.status
+        if self.plan is not None and not self.plan.ok:
+            return DIFFERS  # the hints split the model less than the golden's
         if self.verify is not None and not self.verify.ok:
             return FAILED
         if self.entry.strict and self.warnings:
@@ -117,6 +121,8 @@ class ModelResult:
         model = f"{self.entry.model_path}: "
         details = [f"warning: {warning.removeprefix(model)}" for warning in self.warnings]
         details += [difference.line() for difference in self.golden.differences]
+        plan_line = None if self.plan is None else self.plan.line(update_flag)
+        details += [plan_line] if plan_line else []
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
             details.extend(self.verify.text.splitlines())
         return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]
@@ -145,6 +151,7 @@ class ModelResult:
             "differences": [] if golden is None else [d.as_json() for d in golden.differences],
             "warnings": list(self.warnings),
             "held_back": self.held_back,
+            "plan": None if self.plan is None else self.plan.to_json(),
             "verify": None
             if self.verify is None
             else {"ok": self.verify.ok, "error": self.verify.error, "report": self.verify.report},
@@ -290,7 +297,8 @@ def check_isolated(entry: ModelEntry, *, update: bool, verify: bool) -> ModelRes
 def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False) -> ModelResult:
     """Generate ``entry``'s hints, compare (and with ``update`` rewrite) its golden, verify."""
     try:
-        generated = generate(load_index(entry.model_path), entry.gen)
+        index = load_index(entry.model_path)
+        generated = generate(index, entry.gen)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message)
     outcome = run_verify(entry, generated.hints) if verify and entry.verify else None
@@ -303,8 +311,15 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message, warnings=generated.warnings)
     held_back = held_back and golden.status != OK
+    plan = compare_plan(
+        index,
+        generated.hints,
+        entry.golden_path,
+        update=update and not held_back,
+        golden_written=golden.status in _WROTE,
+    )
     return ModelResult(
-        entry, golden, warnings=generated.warnings, verify=outcome, held_back=held_back
+        entry, golden, warnings=generated.warnings, verify=outcome, held_back=held_back, plan=plan
     )
 
 

@@ -97,6 +97,9 @@ class Report:
     strict: bool = False  # warnings fail too
     ignored: tuple[str, ...] = ()  # codes left out of the findings
     quiet: bool = False  # the text shows only the findings that fail
+    # The plan of the hints (planning.report): its line for the text, its object for JSON.
+    plan_line: str = ""
+    plan: dict[str, Any] | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -187,6 +190,8 @@ class Report:
                 lines.append("  ".join(cells).rstrip())
             lines.append("")
             lines.extend(messages)
+        if self.plan_line and not self.quiet:  # -q: what fails only
+            lines.append(self.plan_line)
         verdict = "PASS" if self.ok else "FAIL"
         notes = [f"ignored: {', '.join(self.ignored)}"] if self.ignored else []
         if self.strict:
@@ -206,6 +211,7 @@ class Report:
             "ignored": list(self.ignored),
             "findings": [_json_finding(f) for f in self.sorted_findings()],
             "runs": self.runs,
+            "plan": self.plan,
         }
 
     def render_json(self) -> str:

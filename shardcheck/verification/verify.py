@@ -152,7 +152,24 @@ def verify(
         if isinstance(simulation, Simulation):
             simulation.simulator.stop_making_ahead()
         raise
+    _add_plan(report, index, hints, ranks)
     return report
+
+
+def _add_plan(report: Report, index: GraphIndex, hints: ShardHints, ranks: int | None) -> None:
+    """The plan of the hints, counted at the default length (planning/)."""
+    from shardcheck.planning.plan import DEFAULT_RANKS, make_plan
+    from shardcheck.planning.report import plan_dict, summary_line
+
+    if not hints.inputs:
+        return
+    try:
+        plan = make_plan(index, hints, ranks=ranks or DEFAULT_RANKS, hints_source=report.hints)
+    except ShardcheckError as exc:
+        report.plan_line = f"plan: not counted: {exc.message}"
+        return
+    report.plan_line = f"plan: {summary_line(plan)}"
+    report.plan = plan_dict(plan)
 
 
 def _prepared_simulation(

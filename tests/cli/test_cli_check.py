@@ -131,6 +131,8 @@ def test_update_rewrites_exactly_the_changed_golden_then_check_passes(tmp_path: 
     assert after["attention_head.json"][0] == expected
     assert after["attention_head.json"][1] != OLD_MTIME_NS
     del before["attention_head.json"], after["attention_head.json"]
+    # The golden written gets its plan beside it (tests/planning/test_plan_golden.py).
+    assert "attention_head.plan" not in before and after.pop("attention_head.plan")
     assert after == before  # the other goldens: same bytes, same mtimes
 
     again = run_cli("check", "--manifest", manifest)

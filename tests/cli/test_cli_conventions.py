@@ -75,9 +75,20 @@ def test_the_pre_commit_hook_of_fmt_runs_fmt_check() -> None:
 def _json_run(*args: object) -> tuple[int, dict[str, object]]:
     result = run_cli(*args, "--format", "json")
     document = json.loads(result.stdout)
-    # Every command's object says whether it succeeded, as its exit code does.
+    # Every command's object says whether it succeeded, as its exit code does, and a value it
+    # does not have is null, not "".
     assert document["ok"] is (result.exit_code == 0), document
+    assert "" not in _values(document), document
     return result.exit_code, document
+
+
+def _values(value: object) -> list[object]:
+    """Every value in a JSON document, nested ones included."""
+    if isinstance(value, dict):
+        return [inner for item in value.values() for inner in [item, *_values(item)]]
+    if isinstance(value, list):
+        return [inner for item in value for inner in [item, *_values(item)]]
+    return []
 
 
 def test_format_json_works_on_every_command(tmp_path: Path) -> None:

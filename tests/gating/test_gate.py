@@ -127,6 +127,8 @@ def test_update_rewrites_only_the_differing_golden(tmp_path: Path) -> None:
     assert changed.read_text() == expected
     assert after["attention_head.json"][1] != OLD_MTIME_NS
     del before["attention_head.json"], after["attention_head.json"]
+    # The golden written gets its plan beside it (tests/planning/test_plan_golden.py).
+    assert "attention_head.plan" not in before and after.pop("attention_head.plan")
     assert after == before
     assert run_check(load_manifest(manifest)).ok
 
@@ -275,8 +277,10 @@ def test_json_report(tmp_path: Path) -> None:
         ],
         "warnings": [],
         "held_back": False,
+        "plan": document["models"][1]["plan"],  # tests/planning/test_plan_golden.py
         "verify": None,
     }
+    assert document["models"][1]["plan"]["status"] == "unrecorded"
     assert document["models"][0]["status"] == OK
 
 

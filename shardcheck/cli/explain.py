@@ -1,0 +1,67 @@
+"""``shardcheck explain``: the plan of CP hints, counted (FLOPs on slices, memory, traffic)."""
+
+from __future__ import annotations
+
+import click
+
+from shardcheck.cli.arguments import DIM_OPTION, FORMAT_OPTION, dims_mapping
+from shardcheck.errors import InputError
+from shardcheck.fsio import atomic_write_text, same_file
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.planning.plan import DEFAULT_RANKS, DEFAULT_SEQ_LEN, make_plan
+from shardcheck.planning.report import render_json, render_text
+
+
+@click.command(name="explain")
+@click.argument("model", type=click.Path())
+@click.argument("hints", type=click.Path(), required=False)
+@click.option(
+    "--seq-len",
+    type=int,
+    default=None,
+    help=f"Sequence length S to count at (default {DEFAULT_SEQ_LEN}, or the one length the "
+    "model runs at).",
+)
+@click.option(
+    "--ranks", type=int, default=DEFAULT_RANKS, show_default=True, help="Number of ranks N."
+)
+@DIM_OPTION
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    help="Also write the plan's picture: a self-contained HTML page (plan.html).",
+)
+@FORMAT_OPTION
+def explain(
+    model: str,
+    hints: str | None,
+    seq_len: int | None,
+    ranks: int,
+    dims: tuple[tuple[str, int], ...],
+    output: str | None,
+    output_format: str,
+) -> int:
+    """Count the plan of HINTS for MODEL: the FLOPs run on slices and whole, each rank's peak
+    activation memory, the bytes each rank receives, the speed-up bound. Without HINTS, the
+    plan of gen's default hints."""
+    if output is not None:
+        for path in (model, hints):
+            if path is not None and same_file(output, path):
+                raise InputError(f"{output}: is an input; write the picture elsewhere")
+    given = read_hints(hints) if hints is not None else None  # the cheaper read first
+    index = load_index(model)
+    source = hints or f"gen's default hints of {model}"
+    found = given if given is not None else generate(index, GenOptions()).hints
+    plan = make_plan(
+        index, found, seq_len=seq_len, ranks=ranks, dims=dims_mapping(dims), hints_source=source
+    )
+    if output is not None:
+        from shardcheck.planning.picture import render_html
+
+        atomic_write_text(output, render_html(plan))
+    click.echo(render_json(plan) if output_format == "json" else render_text(plan), nl=False)
+    return 0

@@ -1,0 +1,293 @@
+"""The plan of CP hints for a model, counted: FLOPs on slices, memory, traffic, speed-up.
+
+For a sequence length S and N ranks, every node of the model is counted twice on the
+multi-device model (``rank_shapes``): with a rank's shapes and with one device's. A node runs on
+slices when a rank's count is below the device's (its queries are a slice: a projection of the
+rank's tokens, the scores of its queries against every key); else every rank runs it whole.
+
+- ``flops_on_slices``: the share of the single-device FLOPs in nodes that run on slices;
+- by class: the attention core (the nodes of each layer from its score product to its context
+  product, or its fused node), projections and MLP (products with a weight operand), other;
+- ``speedup_bound``: the single-device FLOPs over a rank's, the speed-up CP could reach if
+  communication were free (Amdahl's bound: the whole-run work is never divided);
+- peak activation memory on one device and on each rank (``activations``);
+- the bytes each rank receives per collective and per layer (``traffic``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shardcheck.analysis.baked import baked_lengths
+from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dim
+from shardcheck.analysis.elem_types import infer_elem_types
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.errors import InputError
+from shardcheck.frontier.search import data_derived
+from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.hints.model import ShardHints
+from shardcheck.planning.activations import peak_bytes, tensor_bytes
+from shardcheck.planning.blockers import Blocker, find_blockers
+from shardcheck.planning.flops import PRODUCT_OPS, node_flops
+from shardcheck.planning.rank_shapes import RankShapes, rank_shapes
+from shardcheck.planning.traffic import Collective, collectives
+from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_seq_len
+from shardcheck.runtime.sizes import resolve_dims
+from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
+
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_RANKS = 2
+CLASSES = ("attention", "projections", "other")
+CLASS_TITLES = {
+    "attention": "attention core",
+    "projections": "projections and MLP",
+    "other": "other",
+}
+
+
+@dataclass(frozen=True)
+class ClassFlops:
+    """Single-device FLOPs of one class: in nodes that run on slices, in nodes run whole."""
+
+    on_slices: int = 0
+    whole: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.on_slices + self.whole
+
+    @property
+    def share_on_slices(self) -> float:
+        return self.on_slices / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One attention layer as a rank runs it."""
+
+    name: str
+    op_type: str
+    q_local: bool  # its scores are computed for the rank's queries only
+    gathers: tuple[str, ...]  # the roles of its collectives ("gather K", "scatter", ...)
+    bytes_received: int | None
+    projections_on_slices: float  # share of its span's projection FLOPs run on slices
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    seq_len: int
+    ranks: int
+    dims: dict[str, int]
+    classes: dict[str, ClassFlops]
+    flops_per_rank: int
+    peak_bytes_one_device: int
+    peak_bytes_per_rank: int
+    collectives: tuple[Collective, ...]
+    layers: tuple[LayerPlan, ...]
+    uncounted_nodes: int  # nodes with FLOPs whose shapes are unknown (counted as 0)
+    blockers: tuple[Blocker, ...] = ()
+    sliced_nodes: frozenset[int] = field(default=frozenset(), repr=False)
+
+    @property
+    def flops_total(self) -> int:
+        return sum(c.total for c in self.classes.values())
+
+    @property
+    def flops_on_slices(self) -> float:
+        total = self.flops_total
+        return sum(c.on_slices for c in self.classes.values()) / total if total else 0.0
+
+    @property
+    def speedup_bound(self) -> float:
+        return self.flops_total / self.flops_per_rank if self.flops_per_rank else 1.0
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(c.bytes_received or 0 for c in self.collectives)
+
+
+def make_plan(
+    index: GraphIndex,
+    hints: ShardHints,
+    *,
+    seq_len: int | None = None,
+    ranks: int = DEFAULT_RANKS,
+    dims: Mapping[str, int] | None = None,
+    hints_source: str = "<hints>",
+) -> Plan:
+    """The plan of ``hints`` on ``index`` at ``seq_len`` (default: DEFAULT_SEQ_LEN, or the
+    one length the model runs at) on ``ranks`` ranks (the module docstring says what it
+    counts). InputError for settings it cannot count at."""
+    refuse_bad_ranks(ranks)
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    asked = seq_len
+    seq_len = _length(index, shapes, layers, hints, seq_len)
+    run_dims = resolve_dims(index, hints, seq_len, dims or {}, shapes)
+    found = rank_shapes(index, hints, run_dims, ranks, hints_source=hints_source)
+    _refuse_uneven(index, found, ranks, seq_len, fixed=asked is None and seq_len != DEFAULT_SEQ_LEN)
+
+    types = _elem_types(found)
+    on_rank_size = tensor_bytes(found.on_rank, types)
+    on_one_size = tensor_bytes(found.on_one, types)
+    classes = {name: [0, 0] for name in CLASSES}
+    per_rank = 0
+    uncounted = 0
+    sliced: set[int] = set()
+    class_of = _classes(index, layers)
+    for node in index.nodes:
+        copy = found.copy_of[node.index]
+        one, on_rank = node_flops(found.on_one, copy), node_flops(found.on_rank, copy)
+        if one is None or on_rank is None:
+            uncounted += 1
+            continue
+        split = on_rank < one
+        if split:
+            sliced.add(node.index)
+        classes[class_of(node)][0 if split else 1] += one
+        per_rank += on_rank
+    peak_one, _ = peak_bytes(index, index.nodes, on_one_size)
+    peak_rank, _ = peak_bytes(found.index, found.index.nodes, on_rank_size)
+    moved = collectives(found, layers, ranks, on_rank_size)
+    whole_projections = [
+        node for node in index.nodes if class_of(node) == "projections" and node.index not in sliced
+    ]
+    sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
+    blockers = find_blockers(index, whole_projections, sliced_tensors.__contains__)
+    return Plan(
+        model=index.source,
+        seq_len=seq_len,
+        ranks=ranks,
+        dims=dict(run_dims),
+        classes={name: ClassFlops(*counts) for name, counts in classes.items()},
+        flops_per_rank=per_rank,
+        peak_bytes_one_device=peak_one,
+        peak_bytes_per_rank=peak_rank,
+        collectives=tuple(moved),
+        layers=tuple(_layer_plans(index, layers, moved, sliced, class_of, found)),
+        uncounted_nodes=uncounted,
+        blockers=tuple(blockers),
+        sliced_nodes=frozenset(sliced),
+    )
+
+
+def _length(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    seq_len: int | None,
+) -> int:
+    """The length to count at: the one asked, or the default; a model that runs at one
+    length only (a length baked into a Reshape, a query axis of fixed size) takes that one."""
+    if seq_len is not None:
+        refuse_bad_seq_len(seq_len)
+    fixed: int | None = None
+    seq = sequence_dim(shapes, layers) if layers else None
+    if isinstance(seq, int):
+        fixed, why = seq, f"its attention's query axis has {seq} positions"
+    else:
+        baked = baked_lengths(index, shapes, seq)
+        if baked:
+            node, length = baked[0]
+            fixed, why = length, f"Reshape {node.label} holds the traced length {length}"
+    if fixed is not None:
+        if seq_len is not None and seq_len != fixed:
+            raise InputError(
+                f"{index.source}: --seq-len {seq_len}: the model runs at length {fixed} only "
+                f"({why}); leave --seq-len out or give {fixed}"
+            )
+        return fixed
+    return DEFAULT_SEQ_LEN if seq_len is None else seq_len
+
+
+def _refuse_uneven(
+    index: GraphIndex, found: RankShapes, ranks: int, seq_len: int, *, fixed: bool
+) -> None:
+    for node in found.inserted:
+        if node.op_type != COLLECTIVE_OP or node.attr("collective_operation") not in (
+            REDUCE_SCATTER,
+            REDUCE_SCATTER.encode(),
+        ):
+            continue
+        shape = found.on_one.shape(node.inputs[0])
+        positions = shape[0] if shape else None
+        if not isinstance(positions, int) or positions % ranks:
+            tail = next(t for t in found.sharded.tails.values() if t.collective_node == node.name)
+            held = "an unknown number of" if not isinstance(positions, int) else positions
+            raise InputError(
+                f"{index.source}: --seq-len {seq_len} --ranks {ranks}: the scattered tensor "
+                f"{tail.source!r} has {held} positions on axis {tail.axis} at this length, "
+                f"not a multiple of {ranks}; "
+                + (
+                    "the model runs at this length only: give --ranks a divisor of it"
+                    if fixed
+                    else "pick a length that gives one"
+                )
+            )
+
+
+def _elem_types(found: RankShapes) -> dict[str, int]:
+    index = found.index
+    known = {name: t.data_type for name, t in index.initializers.items()}
+    for name in index.graph_inputs:
+        elem_type = index.elem_type(name)
+        if elem_type:
+            known[name] = elem_type
+    nodes = [node.proto for node in index.nodes]
+    return infer_elem_types(nodes, known, same_as_input=COLLECTIVE_OP)
+
+
+def _classes(index: GraphIndex, layers: list[AttentionLayer]):  # type: ignore[no-untyped-def]
+    core = {at for layer in layers for at in layer.internal}
+    derived = data_derived(index)
+
+    def class_of(node: Node) -> str:
+        if node.index in core:
+            return "attention"
+        if node.op_type in PRODUCT_OPS:
+            operands = [name for name in node.inputs[:2] if name]
+            from_data = [name in derived for name in operands]
+            if any(from_data) and not all(from_data):
+                return "projections"
+        return "other"
+
+    return class_of
+
+
+def _layer_plans(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    moved: list[Collective],
+    sliced: set[int],
+    class_of,  # type: ignore[no-untyped-def]
+    found: RankShapes,
+) -> list[LayerPlan]:
+    # A layer's span: the nodes after the previous layer's output, to its own output (its
+    # projections and MLP before its attention, as a transformer's block computes them).
+    ends = [index.producer.get(layer.output, len(index.nodes) - 1) for layer in layers]
+    plans = []
+    for position, layer in enumerate(layers):
+        start = ends[position - 1] + 1 if position else 0
+        on, total = 0, 0
+        for node in index.nodes[start : ends[position] + 1]:
+            if class_of(node) != "projections":
+                continue
+            flops = node_flops(found.on_one, found.copy_of[node.index]) or 0
+            total += flops
+            on += flops if node.index in sliced else 0
+        own = [c for c in moved if c.layer == position]
+        received = [c.bytes_received for c in own]
+        plans.append(
+            LayerPlan(
+                name=layer.name,
+                op_type=layer.op_type,
+                q_local=min(layer.internal, default=-1) in sliced,
+                gathers=tuple(c.role for c in own),
+                bytes_received=None if None in received else sum(received),  # type: ignore[arg-type]
+                projections_on_slices=on / total if total else 0.0,
+            )
+        )
+    return plans

@@ -1,0 +1,140 @@
+"""The shapes each rank sees: the multi-device model, its dims made concrete, inferred twice.
+
+``shard_model`` writes the model every rank runs (the same one ``shardcheck shard`` writes). Its
+graph inputs get the run's sizes and shape inference runs over it twice, with a rule for its
+``DistCollective`` nodes: once on N ranks (a reduce-scatter divides axis 0 by N, an all-gather
+multiplies it), once on one (both keep the shape: the single-device model, node for node). The
+declared value_info (the whole model's shapes, with the run's sizes) is kept for the tensors
+every rank holds whole, and dropped for those computed from a scattered tensor, whose shapes
+on a rank differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import onnx
+
+from shardcheck.analysis.shapes import ExtraRule, ShapeInference
+from shardcheck.analysis.symbolic import size_at
+from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
+from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.hints.model import AttentionLayerHint, ShardHints
+from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
+from shardcheck.sharding.rewrite import shard_model as _shard_model
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """The multi-device model indexed, its shapes on one rank of N and on one device, and for
+    each node of the original model the node of the multi-device one that is its copy."""
+
+    sharded: ShardedModel
+    index: GraphIndex
+    on_rank: ShapeInference
+    on_one: ShapeInference
+    copy_of: dict[int, Node]  # original node index -> its node in ``index``
+    inserted: tuple[Node, ...]  # the collectives and Transposes shard inserted
+
+
+def native_equivalent(hints: ShardHints) -> ShardHints:
+    """Fused layers (``replace``) as the native layers they stand for: a fused multi-device
+    attention computes its rank's queries against every key, as gathering K and V does."""
+    layers = tuple(
+        AttentionLayerHint(layer.q, gather_kv=True, gather_q=False, replace=None)
+        if layer.replace is not None
+        else layer
+        for layer in hints.attention_layers
+    )
+    return replace(hints, attention_layers=layers)
+
+
+def rank_shapes(
+    index: GraphIndex,
+    hints: ShardHints,
+    dims: Mapping[str, int],
+    ranks: int,
+    *,
+    hints_source: str = "<hints>",
+) -> RankShapes:
+    sharded = _shard_model(index, native_equivalent(hints), hints_source=hints_source)
+    model = sharded.model
+    _make_concrete(model, dims)
+    sharded_index = GraphIndex(model, source=index.source)
+    on_rank = ShapeInference(sharded_index, _collective_rules(ranks))
+    on_one = ShapeInference(sharded_index, _collective_rules(1))
+    original_tensors = set(index.producer)
+    copies = [
+        node
+        for node in sharded_index.nodes
+        if not node.outputs or any(name in original_tensors for name in node.outputs if name)
+    ]
+    inserted = tuple(
+        node
+        for node in sharded_index.nodes
+        if node.outputs and not any(name in original_tensors for name in node.outputs if name)
+    )
+    copy_of = {node.index: copy for node, copy in zip(index.nodes, copies, strict=True)}
+    return RankShapes(sharded, sharded_index, on_rank, on_one, copy_of, inserted)
+
+
+def _make_concrete(model: onnx.ModelProto, dims: Mapping[str, int]) -> None:
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    for graph_input in graph.input:
+        if graph_input.name not in initializers:
+            _set_sizes(graph_input, dims)
+    affected = _after_scatters(graph.node)
+    kept = [info for info in graph.value_info if info.name not in affected]
+    del graph.value_info[:]
+    for info in kept:
+        _set_sizes(info, dims)
+        graph.value_info.append(info)
+
+
+def _set_sizes(info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> None:
+    for dim in info.type.tensor_type.shape.dim:
+        if dim.HasField("dim_param"):
+            size = size_at(dim.dim_param, dims)
+            dim.Clear()
+            if size is not None:
+                dim.dim_value = size
+
+
+def _after_scatters(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """The tensors computed from a scattered one (through shapes too), nodes in graph order."""
+    affected: set[str] = set()
+    for node in nodes:
+        if node.op_type == COLLECTIVE_OP and _operation(node) == REDUCE_SCATTER:
+            affected.update(node.output)
+        elif not affected.isdisjoint(node.input):
+            affected.update(node.output)
+    return affected
+
+
+def _operation(node: onnx.NodeProto) -> str:
+    for attribute in node.attribute:
+        if attribute.name == "collective_operation":
+            return attribute.s.decode()
+    return ""
+
+
+def _collective_rules(ranks: int) -> dict[str, ExtraRule]:
+    def rule(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
+        shape = shapes.input_info(node, 0).shape
+        if shape is None or not shape or not isinstance(shape[0], int):
+            return [UNKNOWN]
+        operation = node.attr("collective_operation", "")
+        if isinstance(operation, bytes):
+            operation = operation.decode()
+        first = shape[0]
+        if operation == REDUCE_SCATTER:
+            if first % ranks:
+                return [UNKNOWN]
+            first //= ranks
+        elif operation == ALL_GATHER:
+            first *= ranks
+        return [TensorInfo((first, *shape[1:]))]
+
+    return {COLLECTIVE_OP: rule}

@@ -1,0 +1,67 @@
+"""The bytes each rank receives for each collective of the multi-device model.
+
+Counted as NCCL's ring algorithms move them: an all-gather of a tensor of T bytes (gathered)
+sends each rank the N-1 slices it lacks, (N-1)/N·T; a reduce-scatter of T bytes (before the
+split) sends each rank N-1 partial slices, (N-1)/N·T. Each collective belongs to a layer: a K,
+V or Q gather to its own, a scatter to the first layer after it in the graph (the embeddings'
+scatter to the first layer); a gather after the last layer to none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.planning.rank_shapes import RankShapes
+from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective: what it moves, where, and the bytes each rank receives."""
+
+    operation: str  # "reduce_scatter" or "all_gather"
+    tensor: str  # the tensor of the original model it scatters or gathers
+    axis: int
+    role: str  # "scatter", "gather K", "gather V", "gather Q" or "gather output"
+    layer: int | None  # the layer (by position) it belongs to
+    bytes_received: int | None
+
+
+def collectives(
+    shapes: RankShapes,
+    layers: Sequence[AttentionLayer],
+    ranks: int,
+    size: Callable[[str], int | None],
+) -> list[Collective]:
+    """Every collective of the multi-device model, in graph order (``size``: the bytes of a
+    tensor of the multi-device model on one rank)."""
+    by_node = {tail.collective_node: tail for tail in shapes.sharded.tails.values()}
+    roles: dict[str, tuple[str, int]] = {}
+    for position, layer in enumerate(layers):
+        roles.setdefault(layer.gathered_k, ("gather K", position))
+        roles.setdefault(layer.gathered_v, ("gather V", position))
+        roles.setdefault(layer.q, ("gather Q", position))
+    # The position in the multi-device graph of each layer's first node.
+    starts = [shapes.copy_of[min(layer.internal)].index for layer in layers if layer.internal]
+    found = []
+    for node in shapes.index.nodes:
+        if node.op_type != COLLECTIVE_OP or node.name not in by_node:
+            continue
+        tail = by_node[node.name]
+        if tail.operation == ALL_GATHER:
+            full = size(node.outputs[0])
+            role, layer = roles.get(tail.source, ("gather output", None))
+            if role == "gather output":
+                layer = _next_layer(starts, node.index)
+        else:
+            full = size(node.inputs[0])
+            role, layer = "scatter", _next_layer(starts, node.index)
+        received = None if full is None else full * (ranks - 1) // ranks
+        found.append(Collective(tail.operation, tail.source, tail.axis, role, layer, received))
+    return found
+
+
+def _next_layer(starts: Sequence[int], at: int) -> int | None:
+    return next((position for position, start in enumerate(starts) if start > at), None)

@@ -1,0 +1,184 @@
+"""explain's figures, checked against counts worked out by hand from each model's shapes.
+
+The counting rules are docs/commands.md's ("explain"): a product of [M, K] by [K, N] is 2·M·N·K
+FLOPs, an elementwise op or a softmax one per output element, data movement none. Batch 1,
+float32 (4 bytes), N = 2 ranks; a collective moves (N-1)/N of its whole tensor to each rank.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.planning.plan import make_plan
+from tests.conftest import FIXTURES, run_cli
+
+REAL = FIXTURES / "real"
+S = 64
+N = 2
+FLOAT = 4
+
+
+def _plan(path, seq_len=S, ranks=N):  # type: ignore[no-untyped-def]
+    index = load_index(path)
+    return make_plan(index, generate(index, GenOptions()).hints, seq_len=seq_len, ranks=ranks)
+
+
+def _weight_dims(path, name):  # type: ignore[no-untyped-def]
+    model = onnx.load(str(path))
+    return next(list(t.dims) for t in model.graph.initializer if t.name == name)
+
+
+def test_attention_head_by_hand() -> None:
+    """input [1, S, D] -> three projections by [D, D] -> q @ k^T -> Softmax -> @ v."""
+    path = FIXTURES / "attention_head.onnx"
+    d = _weight_dims(path, "W_q")[0]
+    assert d == 16
+    projections = 3 * 2 * S * d * d  # three [S, D] x [D, D]
+    attention = 2 * S * S * d + S * S + 2 * S * S * d  # scores, softmax, context
+    plan = _plan(path)
+    assert plan.classes["projections"].on_slices == projections
+    assert plan.classes["projections"].whole == 0
+    assert plan.classes["attention"].on_slices == attention
+    assert plan.classes["other"].total == 0
+    assert plan.flops_on_slices == 1.0
+    assert plan.flops_per_rank == (projections + attention) // N
+    assert plan.speedup_bound == pytest.approx(2.0)
+    # Bytes: the scatter of input, the gathers of k^T and v, the gather of the output; each
+    # whole tensor is [S, D] floats, of which a rank receives half.
+    received = {c.role: c.bytes_received for c in plan.collectives}
+    assert received == {
+        role: S * d * FLOAT // N for role in ("scatter", "gather K", "gather V")
+    } | {"gather output": S * d * FLOAT // N}
+    # Peak on one device: while the Softmax runs, its scores and probabilities [S, S] and v.
+    assert plan.peak_bytes_one_device == (2 * S * S + S * d) * FLOAT
+    # On a rank: scores and probabilities of its S/N queries, and the gathered v [S, D].
+    assert plan.peak_bytes_per_rank == (2 * (S // N) * S + S * d) * FLOAT
+
+
+def _heads(path):  # type: ignore[no-untyped-def]
+    """The heads of ts_sdpa's head split: the Reshape target's constant [.., .., H, ..]."""
+    model = onnx.load(str(path))
+    constant = next(n for n in model.graph.node if n.output[0] == "/Constant_7_output_0")
+    return int(numpy_helper.to_array(constant.attribute[0].t).reshape(-1)[0])
+
+
+def test_sdpa_by_hand() -> None:
+    """x [1, S, D] -> q, k, v projections with biases -> heads H -> scaled q and k -> scores,
+    softmax, context -> out projection with bias; everything split but 7 scalar ops on the
+    head size (3 Divs of the width by the heads, the scale's Sqrt and Div, its 2 Sqrts)."""
+    path = REAL / "ts_sdpa.onnx"
+    d = _weight_dims(path, "onnx::MatMul_128")[0]
+    h = _heads(path)
+    assert (d, h) == (32, 2)
+    projections = 4 * 2 * S * d * d
+    attention = 2 * S * S * d + h * S * S + 2 * S * S * d  # per head: 2·S·S·(D/H), H heads
+    other_sliced = 4 * S * d + 2 * S * d  # four bias Adds, the scales of q and k
+    other_whole = 7
+    plan = _plan(path)
+    assert plan.classes["projections"].on_slices == projections
+    assert plan.classes["attention"].on_slices == attention
+    assert (plan.classes["other"].on_slices, plan.classes["other"].whole) == (
+        other_sliced,
+        other_whole,
+    )
+    total = projections + attention + other_sliced + other_whole
+    assert plan.flops_total == total
+    assert plan.flops_on_slices == pytest.approx((total - other_whole) / total)
+    assert plan.flops_per_rank == (total - other_whole) // N + other_whole
+    # x, K, V and y are each S·D floats whole.
+    assert plan.bytes_received == 4 * S * d * FLOAT // N
+
+
+def test_sdpa_causal_by_hand() -> None:
+    """The same layer with a causal mask sized by q's Shape: the hints cut after the
+    projections, so they run whole on every rank; the core, the mask's Add inside it and
+    q's scale run on slices."""
+    path = REAL / "ts_sdpa_causal.onnx"
+    d = _weight_dims(path, "onnx::MatMul_145")[0]
+    h = 2
+    projections = 4 * 2 * S * d * d
+    # scores, the mask's Add, softmax, context
+    attention = 2 * S * S * d + h * S * S + h * S * S + 2 * S * S * d
+    q_scale = S * d
+    # four bias Adds and k's scale, whole; the mask's Trilu, Equal and Where [S, S]; 7 scalars
+    other_whole = 4 * S * d + S * d + 3 * S * S + 7
+    plan = _plan(path)
+    assert plan.classes["projections"].whole == projections
+    assert plan.classes["projections"].on_slices == 0
+    assert plan.classes["attention"].on_slices == attention
+    assert plan.classes["other"].on_slices == q_scale
+    assert plan.classes["other"].whole == other_whole
+    total = projections + attention + q_scale + other_whole
+    assert plan.flops_on_slices == pytest.approx((attention + q_scale) / total)
+    assert plan.flops_per_rank == (attention + q_scale) // N + projections + other_whole
+
+
+def test_four_ranks_divide_the_slices_by_four() -> None:
+    path = FIXTURES / "attention_head.onnx"
+    two, four = _plan(path, ranks=2), _plan(path, ranks=4)
+    assert four.flops_total == two.flops_total
+    assert four.flops_per_rank == two.flops_total // 4
+    assert four.speedup_bound == pytest.approx(4.0)
+
+
+def test_a_cut_inside_the_layers_names_what_blocks_it() -> None:
+    plan = _plan(REAL / "ts_llama_tiny_gqa.onnx")
+    assert plan.classes["projections"].share_on_slices == 0.0
+    assert [b.what for b in plan.blockers] == [
+        "positions are computed from /model/embed_tokens/Gather_output_0.shape[1]"
+    ]
+    assert plan.blockers[0].fix == "export with position_ids as a graph input"
+
+
+def test_explain_json_has_the_plan() -> None:
+    result = run_cli(
+        "explain", FIXTURES / "attention_head.onnx", "--seq-len", S, "--format", "json"
+    )
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["flops_on_slices"] == 1.0
+    assert plan["seq_len"] == S and plan["ranks"] == N
+    assert plan["flops"]["by_class"]["projections"]["on_slices"] == 3 * 2 * S * 16 * 16
+
+
+def test_explain_with_hints_file_matches_the_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = REAL / "ts_sdpa_causal.onnx"
+    hints = tmp_path / "hints.json"
+    assert run_cli("gen", model, "-o", hints).exit_code == 0
+    given = run_cli("explain", model, hints, "--seq-len", S, "--format", "json")
+    default = run_cli("explain", model, "--seq-len", S, "--format", "json")
+    assert given.exit_code == default.exit_code == 0
+    assert json.loads(given.stdout) == json.loads(default.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "wanted"),
+    [
+        (("--seq-len", "63"), "not a multiple of 2"),
+        (("--ranks", "0"), "--ranks 0"),
+        (("--seq-len", "0"), "--seq-len 0"),
+    ],
+)
+def test_explain_bad_settings_are_one_line(args: tuple[str, ...], wanted: str) -> None:
+    result = run_cli("explain", REAL / "ts_bert_tiny.onnx", *args)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardcheck: error: ") and wanted in lines[0]
+
+
+def test_explain_a_fixed_length_model_at_another_length_is_refused() -> None:
+    result = run_cli("explain", REAL / "ts_vit_tiny.onnx", "--seq-len", "64")
+    assert result.exit_code == 2
+    assert "runs at length 17 only" in result.stderr
+    at_its_length = run_cli("explain", REAL / "ts_vit_tiny.onnx")
+    assert at_its_length.exit_code == 2  # 17 patches do not split in two
+    assert "runs at this length only: give --ranks a divisor of it" in at_its_length.stderr
+    whisper = run_cli("explain", REAL / "ts_whisper_encoder.onnx", "--format", "json")
+    assert whisper.exit_code == 0 and json.loads(whisper.stdout)["plan"]["seq_len"] == 8
