@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardcheck.analysis.detect import AttentionLayer
-from shardcheck.analysis.polygraphy import PatternMatch
+from shardcheck.analysis.polygraphy import PatternMatch, match_all
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import MATMULS, SHAPE_OPS
@@ -90,6 +90,23 @@ def fused_site(
         scale = _pattern1_scale(index, match)
         problem = problem or ("" if scale is not None else "its head_dim is not known")
     return FusedSite(q, k, layer.gathered_v, layer.output, tuple(sorted(replaced)), scale, problem)
+
+
+def pattern1_layers(
+    index: GraphIndex, queries: Iterable[str], detected: Iterable[AttentionLayer]
+) -> dict[str, tuple[AttentionLayer, PatternMatch]]:
+    """Of ``queries``, those that name a layer as Polygraphy's pattern 1 does (its Q before the
+    scale): Q -> the layer and the match."""
+    wanted = set(queries)
+    if not wanted:
+        return {}
+    by_score = {layer.nodes[0]: layer for layer in detected}
+    found: dict[str, tuple[AttentionLayer, PatternMatch]] = {}
+    for match in match_all(index, 1):
+        layer = by_score.get(match.matmul1.label)
+        if match.q in wanted and layer is not None:
+            found.setdefault(match.q, (layer, match))
+    return found
 
 
 def _score_scale(

@@ -17,8 +17,7 @@ import onnx
 from onnx import helper
 
 from shardcheck.analysis.detect import AttentionLayer
-from shardcheck.analysis.fusion import FusedSite, fused_site
-from shardcheck.analysis.polygraphy import match_all
+from shardcheck.analysis.fusion import FusedSite, fused_site, pattern1_layers
 from shardcheck.errors import HintsMismatchError
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.tensors import attribute_graphs
@@ -59,19 +58,17 @@ def fused_sites(
     by_q: dict[str, AttentionLayer] = {}
     for layer in detected:
         by_q.setdefault(layer.q, layer)
-    pattern1 = None
+    fused = [hint.q for hint in hints.attention_layers if hint.replace is not None]
+    # Polygraphy's pattern 1 names a layer by its Q before the scale.
+    pattern1 = pattern1_layers(index, (q for q in fused if q not in by_q), detected)
     sites: dict[int, FusedSite] = {}
     for position, hint in enumerate(hints.attention_layers):
         if hint.replace is None:
             continue
         where = f"{hints_source}: attention_layers[{position}] (q {hint.q!r})"
         layer, match = by_q.get(hint.q), None
-        if layer is None:
-            # Polygraphy's pattern 1 names a layer by its Q before the scale.
-            if pattern1 is None:
-                pattern1 = {m.q: m for m in match_all(index, 1)}
-            match = pattern1.get(hint.q)
-            layer = next((d for d in detected if match and match.matmul1.label == d.nodes[0]), None)
+        if layer is None and hint.q in pattern1:
+            layer, match = pattern1[hint.q]
         if layer is None:
             raise HintsMismatchError(
                 f"{where}: q {hint.q!r} is not the Q of any attention layer of the model"

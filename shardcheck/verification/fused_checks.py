@@ -13,6 +13,7 @@ mask and scale against the layer itself (``analysis.fusion``), its ``nb_rank`` a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import (
@@ -23,6 +24,7 @@ from shardcheck.analysis.fusion import (
     fused_site,
     shuffled,
 )
+from shardcheck.analysis.polygraphy import PatternMatch
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import FusedAttention, ShardHints
@@ -38,15 +40,18 @@ def check_fused(
     by_q: dict[str, AttentionLayer],
     report: Report,
     ranks: int | None = None,
+    pattern1: Mapping[str, tuple[AttentionLayer, PatternMatch]] | None = None,
 ) -> None:
-    """Add the findings of every hinted layer with ``replace`` to ``report``."""
+    """Add the findings of every hinted layer with ``replace`` to ``report``; ``pattern1``:
+    the hints' Qs that name a layer as Polygraphy's pattern 1 does, with the match."""
     for hint in hints.attention_layers:
         layer = by_q.get(hint.q)
         if hint.replace is None or layer is None:
             continue
         field = f"attention_layers[q={hint.q}].replace"
         _check_nb_rank(hints, hint.replace, field, report, ranks)
-        site = fused_site(index, layer)
+        match = (pattern1 or {}).get(hint.q, (None, None))[1]
+        site = fused_site(index, layer, match)
         if site.problem:
             continue  # shard refuses it, naming why: SC203 with --ranks
         _check_shuffles(shapes, layer, hint.replace, field, report, site)

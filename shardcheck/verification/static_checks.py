@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.fusion import pattern1_layers
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.graph.index import GraphIndex
@@ -23,7 +24,12 @@ def check_static(
     """Add to ``report`` what the hints get wrong by the graph alone: tensors, axes, ranks,
     layers, collectives, fused replacements (against ``ranks``, the ranks simulated)."""
     by_q = {layer.q: layer for layer in layers}
-    check_fused(index, shapes, hints, by_q, report, ranks)
+    # A fused hint may name a layer as Polygraphy's pattern 1 does: its Q before the scale.
+    pattern1 = pattern1_layers(
+        index, (h.q for h in hints.attention_layers if h.replace and h.q not in by_q), layers
+    )
+    by_q.update({q: layer for q, (layer, _) in pattern1.items()})
+    check_fused(index, shapes, hints, by_q, report, ranks, pattern1)
     if hints.parallelism != "CP":
         report.add(
             "SC123",
@@ -66,7 +72,9 @@ def check_static(
                 expected="Q of a layer",
                 observed="no layer" if present else "absent",
             )
-    hinted = {hint.q for hint in hints.attention_layers}
+    hinted = {hint.q for hint in hints.attention_layers} | {
+        layer.q for layer, _ in pattern1.values()
+    }
     # Only K or V computed from a scattered tensor is split across the ranks and needs the
     # layer's gather (cross-attention over a whole memory needs none).
     scattered = _Scattered(index, hints)
@@ -112,7 +120,9 @@ def check_static(
                 expected="true",
                 observed="false",
             )
-    _check_kv(hints, [by_q[h.q] for h in hints.attention_layers if h.q in by_q], report)
+    # A fused layer's K and V are gathered inside the op: the K/V indices are not its.
+    natives = [h for h in hints.attention_layers if h.q in by_q and h.replace is None]
+    _check_kv(hints, [by_q[h.q] for h in natives], report)
     _check_layers(hints, shapes, by_q, report)
     _check_collectives(hints, report)
     _check_scattered_and_gathered(hints, report)

@@ -153,3 +153,18 @@ def test_nb_rank_1_attends_the_ranks_own_positions_only() -> None:
 def test_nb_rank_1_on_one_rank_is_the_subgraph_it_replaced(model: Path, tmp_path: Path) -> None:
     result = simulate(model, fused_hints(model, tmp_path, 1), ranks=1, seq_len=8, rtol=0, atol=1e-6)
     assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_pattern_1_replaced_with_the_layers_scale_is_the_subgraph(
+    ranks: int, tmp_path: Path
+) -> None:
+    # Polygraphy's pattern 1 named by its Q before the scale: the Attention replaces the
+    # Sqrt(1/Sqrt(8)) scales of Q and K too, and must apply 1/sqrt(8) itself.
+    model, hints = FIXTURES / "sdpa_scaled_attention.onnx", tmp_path / "h.json"
+    argv = ["--compat", "polygraphy", "--attention-pattern", "1", "--cp-type", "fused"]
+    argv += ["--k-shuffle", "0,1,3,2", "--nb-rank", str(ranks)]
+    assert run_cli("gen", model, *argv, "-o", hints).exit_code == 0
+    assert read_json(hints)["attention_layers"][0]["q"] == "q"
+    result = simulate(model, hints, ranks=ranks, seq_len=8, rtol=0, atol=1e-6)
+    assert result.ok, result.summary()

@@ -97,3 +97,17 @@ def test_polygraphys_scale_is_reported_where_the_layer_applies_another(tmp_path:
     findings = json.loads(run_cli("verify", model, path, "--format", "json").stdout)["findings"]
     (scale,) = [f for f in findings if f["code"] == "SC127"]
     assert (scale["expected"], scale["level"]) == ("0.25", "warning")
+
+
+def test_polygraphys_pattern_1_hints_are_checked_and_its_scale_reported(tmp_path: Path) -> None:
+    # Polygraphy names the layer by its Q before the Sqrt scales, which its replacement drops.
+    model, path = FIXTURES / "sdpa_scaled_attention.onnx", tmp_path / "h.json"
+    argv = ["--compat", "polygraphy", "--attention-pattern", "1", "--cp-type", "fused"]
+    assert run_cli("gen", model, *argv, "--k-shuffle", "0,1,3,2", "-o", path).exit_code == 0
+    result = run_cli("verify", model, path, "--ranks", "1", "--format", "json")
+    assert result.exit_code == 0, result.stdout
+    findings = json.loads(result.stdout)["findings"]
+    (scale,) = [f for f in findings if f["code"] == "SC127"]
+    assert (scale["field"], scale["expected"]) == ("attention_layers[q=q].replace", "0.353553")
+    # 1 / sqrt(8), the head_dim of Q's last axis.
+    assert float(scale["expected"]) == pytest.approx(8**-0.5, rel=1e-5)
