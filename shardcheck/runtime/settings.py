@@ -50,17 +50,3 @@ def refuse_bad_run_settings(seq_len: int, rtol: float, atol: float) -> None:
     """The settings of one simulated run: its tolerances, then its length."""
     refuse_bad_tolerances(rtol, atol)
     refuse_bad_seq_len(seq_len)
-
-
-def refuse_sub_groups(
-    where: str, groups: Sequence[int], group_size: int, ranks: int, advice: str = ""
-) -> None:
-    """Refuse collectives over part of the ranks: the simulator runs them over all ``ranks``.
-    ``where``: what holds ``groups`` and ``group_size`` (the hints, a node); ``advice``: what
-    to do instead, ending the message."""
-    groups = list(groups)
-    if (groups and groups != list(range(ranks))) or group_size not in (0, ranks):
-        raise InputError(
-            f"{where}: groups {groups}, group_size {group_size}: the simulator runs collectives "
-            f"over all {ranks} ranks only{f'; {advice}' if advice else ''}"
-        )

@@ -7,13 +7,16 @@ Each runs with the meaning of its attributes:
 - ``all_gather``: the ranks' tensors concatenated along axis 0, on every rank;
 - ``all_reduce``: the sum across ranks, on every rank.
 
-Collectives always span all ranks; other ``groups`` or ``group_size`` are refused. ``root`` and
-``nb_rank`` do not change what these three collectives compute.
+A collective runs among the ranks of its group: ``groups`` lists them (a rank's place in the
+list is its place in the collective: its chunk of a reduce-scatter, its piece of an all-gather);
+without, ``group_size`` g names ranks 0 to g - 1, and 0 every rank. A rank outside the group
+takes no part and holds no result: a rank failure, named. ``root`` and ``nb_rank`` do not change
+what these three collectives compute.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,6 @@ from onnx import helper, numpy_helper
 
 from shardcheck.errors import InputError
 from shardcheck.graph.ops import is_default_domain
-from shardcheck.runtime.settings import refuse_sub_groups
 from shardcheck.sharding.fused import is_fused_attention
 from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER
 from shardcheck.simulation.fused_attention import FusedAttentionStep, fused_attention_step
@@ -47,6 +49,14 @@ class CollectiveStep:
     node: onnx.NodeProto
     operation: str
     reduce_op: str
+    groups: tuple[int, ...] = ()  # the ranks taking part, in their order (none: see group_size)
+    group_size: int = 0
+
+    def group(self, ranks: int) -> tuple[int, ...]:
+        """The ranks taking part when ``ranks`` are simulated."""
+        if self.groups:
+            return self.groups
+        return tuple(range(self.group_size or ranks))
 
 
 def is_collective(node: onnx.NodeProto) -> bool:
@@ -71,20 +81,34 @@ def collective_step(node: onnx.NodeProto) -> CollectiveStep | FusedAttentionStep
         raise InputError(f"{where}: reduce_op {reduce_op!r} cannot be simulated")
     if len(node.input) != 1 or len(node.output) != 1:
         raise InputError(f"{where}: a DistCollective has one input and one output")
-    return CollectiveStep(node, operation, reduce_op)
+    groups = tuple(int(rank) for rank in attributes.get("groups", []))
+    return CollectiveStep(node, operation, reduce_op, groups, int(attributes.get("group_size", 0)))
 
 
-def refuse_sub_group_collectives(steps: Iterable[object], ranks: int) -> None:
-    """InputError for a collective of ``steps`` over part of the ``ranks``."""
+def refuse_unknown_group_ranks(steps: Iterable[object], ranks: int) -> None:
+    """InputError for a collective of ``steps`` whose group names a rank that is not
+    simulated, a rank twice, or a ``group_size`` unlike its ``groups``."""
     for step in steps:
-        if not isinstance(step, CollectiveStep):
-            continue
-        attributes = _attributes(step.node)
-        refuse_sub_groups(
-            f"node {step.node.name!r}",
-            attributes.get("groups", []),
-            int(attributes.get("group_size", 0)),
-            ranks,
+        if isinstance(step, CollectiveStep):
+            refuse_bad_group(f"node {step.node.name!r}", step.groups, step.group_size, ranks)
+
+
+def refuse_bad_group(where: str, groups: Sequence[int], group_size: int, ranks: int) -> None:
+    """InputError for ``groups`` and ``group_size`` that name no group of the ``ranks``."""
+    groups = list(groups)
+    problem = ""
+    if any(rank >= ranks for rank in groups):
+        problem = f"names rank {max(groups)}, but {ranks} ranks (0 to {ranks - 1}) are simulated"
+    elif len(set(groups)) != len(groups):
+        problem = "names a rank twice"
+    elif groups and group_size not in (0, len(groups)):
+        problem = f"has {len(groups)} ranks, not group_size {group_size}"
+    elif group_size > ranks:
+        problem = f"group_size {group_size} is more than the {ranks} ranks simulated"
+    if problem:
+        raise InputError(
+            f"{where}: groups {groups}, group_size {group_size}: the group {problem}; simulate "
+            "with --ranks covering the group"
         )
 
 
@@ -104,9 +128,19 @@ def run_collective(
         # A weight cut by the hints (a position table added whole): every rank holds it.
         base_dir = str(weights_dir) if weights_dir is not None else ""
         values.set_replicated({source: numpy_helper.to_array(weights[source], base_dir)})
-    if not all(source in rank_values for rank_values in values.per_rank):
-        raise RankFailure(0, step.node.name, f"no value of {source!r} on every rank")
-    pieces = [rank_values[source] for rank_values in values.per_rank]
+    group = step.group(ranks)
+    outside = [rank for rank in range(ranks) if rank not in group]
+    if outside:
+        raise RankFailure(
+            outside[0],
+            step.node.name,
+            f"rank {outside[0]} is not in the {step.operation}'s group (ranks "
+            f"{', '.join(map(str, group))}): it takes no part and has no value of "
+            f"{target!r}; the hints' groups or group_size shard the model on those ranks only",
+        )
+    if not all(source in values.per_rank[rank] for rank in group):
+        raise RankFailure(group[0], step.node.name, f"no value of {source!r} on every rank")
+    pieces = [values.per_rank[rank][source] for rank in group]
     if pieces[0].ndim == 0:
         raise RankFailure(0, step.node.name, f"{step.operation} of a scalar (no axis 0)")
     if len({piece.shape for piece in pieces}) > 1:
@@ -122,14 +156,14 @@ def run_collective(
         values.set_replicated({target: np.stack(pieces).sum(axis=0).astype(pieces[0].dtype)})
     else:
         reduced = REDUCERS[step.reduce_op](np.stack(pieces)).astype(pieces[0].dtype)
-        if reduced.shape[0] % ranks:
+        if reduced.shape[0] % len(group):
             raise RankFailure(
-                0,
+                group[0],
                 step.node.name,
                 f"the reduce-scatter axis ({scattered_axis}) has length {reduced.shape[0]}, "
-                f"which is not a multiple of the {ranks} ranks",
+                f"which is not a multiple of the {len(group)} ranks",
             )
-        for rank, chunk in enumerate(np.split(reduced, ranks, axis=0)):
+        for rank, chunk in zip(group, np.split(reduced, len(group), axis=0), strict=True):
             values.set_rank(rank, {target: chunk})
 
 

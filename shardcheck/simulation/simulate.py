@@ -31,9 +31,10 @@ from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.feeds import make_feeds
 from shardcheck.runtime.memory import refuse_oversized_run, refuse_oversized_weights
 from shardcheck.runtime.sessions import error_text, make_session, onnxruntime_errors
-from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_run_settings, refuse_sub_groups
+from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_run_settings
 from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
 from shardcheck.sharding.rewrite import shard_model
+from shardcheck.simulation.collectives import refuse_bad_group
 from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
 from shardcheck.simulation.rank_values import RankFailure
 from shardcheck.simulation.simulator import RankSimulator
@@ -217,12 +218,11 @@ class Simulation:
         else:
             hints_source, hints = str(hints), read_hints(hints)
         self.hints = hints
-        refuse_sub_groups(
+        refuse_bad_group(
             f"{hints_source}: dist_collectives",
             hints.dist_collectives.groups,
             hints.dist_collectives.group_size,
             ranks,
-            "simulate hints made without --groups and --gpus, or with --ranks matching them",
         )
         self.shapes = shapes = shapes if shapes is not None else ShapeInference(index)
         if layers is None:

@@ -19,7 +19,7 @@ from shardcheck.sharding.rewrite import COLLECTIVE_OP, ShardedModel
 from shardcheck.simulation.ahead import AHEAD_WORKERS, StageSessions
 from shardcheck.simulation.collectives import (
     CollectiveStep,
-    refuse_sub_group_collectives,
+    refuse_unknown_group_ranks,
     run_collective,
 )
 from shardcheck.simulation.fused_attention import FusedAttentionStep, run_fused_attention
@@ -64,7 +64,7 @@ class RankSimulator:
             {i.name for i in graph.input},
             [o.name for o in graph.output],
         )
-        refuse_sub_group_collectives(self.steps, ranks)
+        refuse_unknown_group_ranks(self.steps, ranks)
         self.session_runs = 0
         stages = [step for step in self.steps if isinstance(step, Stage)]
         self.sessions = StageSessions(stages, weights, self.weights, weights_dir)

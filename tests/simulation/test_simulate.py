@@ -350,24 +350,57 @@ def test_collectives_compute_what_their_attributes_say(reduce_op: str, tmp_path:
         np.testing.assert_allclose(values[rank]["y/all_gather"], np.concatenate(second), rtol=1e-6)
 
 
-def test_sub_groups_are_refused(tmp_path: Path) -> None:
+def _scatter_and_gather(tmp_path: Path, groups: tuple[int, ...]) -> tuple[Any, np.ndarray]:
     index = load_index(_identity_model(tmp_path))
-    hints = ShardHints(inputs=(ShardTensor("x", 0),), dist_collectives=DistCollective(groups=(0,)))
-    with pytest.raises(InputError, match="the simulator runs collectives over all 2 ranks only"):
-        RankSimulator(shard_model(index, hints), index.model, 2)
+    hints = ShardHints(
+        inputs=(ShardTensor("x", 0),),
+        outputs=(ShardTensor("y", 0),),
+        dist_collectives=DistCollective(groups=groups),
+    )
+    simulator = RankSimulator(shard_model(index, hints), index.model, 2)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    return simulator.run({"x": x}, diagnostic=True), x
 
 
-def test_sub_group_hints_are_a_one_line_error_naming_the_hints_file(tmp_path: Path) -> None:
+def test_a_group_in_another_order_scatters_and_gathers_in_that_order(tmp_path: Path) -> None:
+    # groups [1, 0]: rank 1 is first in the group, so it takes the first chunk, and the
+    # gather puts its piece first: what comes out is what went in.
+    values, x = _scatter_and_gather(tmp_path, (1, 0))
+    assert values.failure is None
+    np.testing.assert_array_equal(values.per_rank[1]["x/reduce_scatter"], x[:2])
+    np.testing.assert_array_equal(values.per_rank[0]["x/reduce_scatter"], x[2:])
+    np.testing.assert_array_equal(values.per_rank[0]["y/all_gather"], x)
+
+
+def test_a_rank_outside_the_group_takes_no_part_and_is_named(tmp_path: Path) -> None:
+    values, _ = _scatter_and_gather(tmp_path, (0,))
+    assert values.failure is not None
+    assert (values.failure.rank, values.failure.node) == (1, "x/reduce_scatter")
+    assert "rank 1 is not in the reduce_scatter's group (ranks 0)" in values.failure.message
+
+
+def test_sub_group_hints_are_simulated_and_their_missing_ranks_named(tmp_path: Path) -> None:
     hints = tmp_path / "groups.json"
     model = FIXTURES / "attention_head.onnx"
     assert run_cli("gen", model, "-o", hints, "--groups", "0", "1").exit_code == 0
+    result = run_cli("simulate", model, hints, "--ranks", "4", "--seq-len", "8")
+    assert result.exit_code == 1
+    assert "rank 2 cannot compute tensor" in result.stdout
+    assert "rank 2 is not in the reduce_scatter's group (ranks 0, 1)" in result.stdout
+    assert run_cli("simulate", model, hints, "--ranks", "2", "--seq-len", "8").exit_code == 0
+
+
+def test_a_group_naming_a_rank_not_simulated_is_a_one_line_error(tmp_path: Path) -> None:
+    hints = tmp_path / "groups.json"
+    model = FIXTURES / "attention_head.onnx"
+    assert run_cli("gen", model, "-o", hints, "--groups", "0", "3").exit_code == 0
     for argv in (["simulate", "--seq-len", "8"], ["verify", "--seq-lens", "8,16"]):
-        result = run_cli(argv[0], model, hints, "--ranks", "4", *argv[1:])
+        result = run_cli(argv[0], model, hints, "--ranks", "2", *argv[1:])
         assert result.exit_code == 2
         assert result.stderr == (
-            f"shardcheck: error: {hints}: dist_collectives: groups [0, 1], group_size 0: the "
-            "simulator runs collectives over all 4 ranks only; simulate hints made without "
-            "--groups and --gpus, or with --ranks matching them\n"
+            f"shardcheck: error: {hints}: dist_collectives: groups [0, 3], group_size 0: the "
+            "group names rank 3, but 2 ranks (0 to 1) are simulated; simulate with --ranks "
+            "covering the group\n"
         )
 
 

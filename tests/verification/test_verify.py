@@ -653,9 +653,9 @@ def test_a_simulation_that_cannot_be_prepared_is_reported_only_if_the_model_runs
     hints = ShardHints(
         inputs=(ShardTensor("x", 0),),
         outputs=(ShardTensor("y", 0),),
-        dist_collectives=DistCollective(groups=(0,)),  # sub-groups cannot be simulated
+        dist_collectives=DistCollective(groups=(0, 2)),  # rank 2 is not simulated
     )
-    with pytest.raises(InputError, match="the simulator runs collectives over all 2 ranks"):
+    with pytest.raises(InputError, match="the group names rank 2, but 2 ranks"):
         verify(_reshaping_model(tmp_path, None), hints, ranks=2)
 
     report = verify(_reshaping_model(tmp_path, 4), hints, ranks=2)
