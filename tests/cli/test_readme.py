@@ -55,9 +55,11 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
         result = run_cli(*args)
         assert result.exit_code == 0, (line, result.stdout, result.stderr)
         ran.append(args[0])
-    assert ran == ["gen", "verify", "shard"] or ran == ["gen", "verify", "explain", "shard"]
-    # What the steps say they make: 2-rank collectives, a multi-device model with
-    # DistCollective nodes that trtexec is handed.
+    # gen -> verify -> explain -> shard, then trtexec (issue 31's walkthrough).
+    assert ran == ["gen", "verify", "explain", "shard"]
+    # What the steps say they make: 2-rank collectives, the plan's page, a multi-device model
+    # with DistCollective nodes that trtexec is handed.
     assert '"nb_rank": 2' in (tmp_path / "gpt2.json").read_text()
+    assert "<svg" in (tmp_path / "plan.html").read_text()
     sharded = onnx.load(str(tmp_path / "gpt2.md.onnx"))
     assert any(node.op_type == "DistCollective" for node in sharded.graph.node)
