@@ -17,7 +17,8 @@ from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
 
-MAX_WALK = 400
+MAX_WALK = 20000  # tensors walked back (a bound: the walk is linear in them)
+MAX_SIZED = 400  # tensors followed forward from one Shape
 _MASK_OPS = frozenset("Trilu Less LessOrEqual Greater GreaterOrEqual Where".split())
 
 
@@ -30,33 +31,32 @@ class Blocker:
 
 
 def find_blockers(
-    index: GraphIndex, whole_projections: Iterable[Node], sliced: Callable[[str], bool]
+    index: GraphIndex,
+    whole_projections: Iterable[Node],
+    sliced: Callable[[str], bool],
+    scattered: Iterable[str] = (),
 ) -> list[Blocker]:
-    """The reasons, one per tensor whose length is read, for the projections run whole."""
+    """The reasons for the projections run whole: each tensor on the way back from them and
+    from the tensors scattered after them (``scattered``) whose length sizes positions or a
+    mask (else the earliest whose length sizes another shape), the first of each kind in graph
+    order. One walk back from all of them, each tensor visited once; none without a
+    projection run whole."""
     derived = data_derived(index)
-    found: dict[str, Blocker] = {}
-    for node in whole_projections:
-        data = next((name for name in node.inputs if name in derived), None)
-        if data is None:
-            continue
-        blocker = _earliest_length_read(index, data, derived, sliced)
-        if blocker is not None:
-            found.setdefault(blocker.tensor, blocker)
-    return list(found.values())
-
-
-def _earliest_length_read(
-    index: GraphIndex, start: str, derived: set[str], sliced: Callable[[str], bool]
-) -> Blocker | None:
-    queue, seen = deque([start]), {start}
-    earliest: Blocker | None = None
+    starts = [
+        name for node in whole_projections for name in node.inputs if name and name in derived
+    ]
+    if not starts:
+        return []
+    starts += [name for name in scattered if name in derived]
+    queue, seen = deque(dict.fromkeys(starts)), set(starts)
+    found: list[tuple[int, Blocker]] = []
     while queue and len(seen) < MAX_WALK:
         tensor = queue.popleft()
         if sliced(tensor):
             continue
-        reader = next((c for c in index.consumers_of(tensor) if c.op_type in SHAPE_OPS), None)
-        if reader is not None:
-            earliest = _blocker(index, tensor, reader)
+        for reader in index.consumers_of(tensor):
+            if reader.op_type in SHAPE_OPS:
+                found.append((reader.index, _blocker(index, tensor, reader, derived)))
         producer = index.producer_of(tensor)
         if producer is None or producer.op_type in SHAPE_OPS:
             continue
@@ -64,13 +64,19 @@ def _earliest_length_read(
             if name and name in derived and name not in seen:
                 seen.add(name)
                 queue.append(name)
-    return earliest
+    found.sort(key=lambda item: item[0])
+    # The first of each kind: a model's layers repeat the same length reads.
+    first: dict[str, Blocker] = {}
+    for _, blocker in found:
+        first.setdefault(blocker.what.split(" is computed")[0].split(" are computed")[0], blocker)
+    telling = [b for b in first.values() if not b.what.startswith("a shape ")]
+    return telling if telling else list(first.values())[:1]
 
 
-def _blocker(index: GraphIndex, tensor: str, reader: Node) -> Blocker:
+def _blocker(index: GraphIndex, tensor: str, reader: Node, derived: set[str]) -> Blocker:
     axis = _axis_read(index, reader)
     read = f"{tensor}.shape" + ("" if axis is None else f"[{axis}]")
-    sized = _what_it_sizes(index, reader)
+    sized = _what_it_sizes(index, reader, derived)
     if sized == "positions":
         return Blocker(
             f"positions are computed from {read}",
@@ -105,10 +111,13 @@ def _axis_read(index: GraphIndex, reader: Node) -> int | None:
     return None if start is None else int(start)
 
 
-def _what_it_sizes(index: GraphIndex, reader: Node) -> str:
+def _what_it_sizes(index: GraphIndex, reader: Node, derived: set[str]) -> str:
+    """What the length read sizes, followed through what is computed from shapes and
+    constants alone (never into the data a Reshape of it makes): positions (a Range), a mask
+    (a Trilu or a comparison), or another shape."""
     queue, seen = deque(reader.outputs[:1]), set(reader.outputs[:1])
     kinds: set[str] = set()
-    while queue and len(seen) < MAX_WALK:
+    while queue and len(seen) < MAX_SIZED:
         tensor = queue.popleft()
         for consumer in index.consumers_of(tensor):
             if consumer.op_type == "Range":
@@ -116,7 +125,7 @@ def _what_it_sizes(index: GraphIndex, reader: Node) -> str:
             elif consumer.op_type in _MASK_OPS:
                 kinds.add("mask")
             for name in consumer.outputs:
-                if name and name not in seen:
+                if name and name not in seen and name not in derived:
                     seen.add(name)
                     queue.append(name)
     if "positions" in kinds:

@@ -155,7 +155,8 @@ def make_plan(
         node for node in index.nodes if class_of(node) == "projections" and node.index not in sliced
     ]
     sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
-    blockers = find_blockers(index, whole_projections, sliced_tensors.__contains__)
+    scattered = [c.tensor for c in moved if c.role == "scatter"]
+    blockers = find_blockers(index, whole_projections, sliced_tensors.__contains__, scattered)
     return Plan(
         model=index.source,
         seq_len=seq_len,

@@ -131,10 +131,24 @@ def test_four_ranks_divide_the_slices_by_four() -> None:
 def test_a_cut_inside_the_layers_names_what_blocks_it() -> None:
     plan = _plan(REAL / "ts_llama_tiny_gqa.onnx")
     assert plan.classes["projections"].share_on_slices == 0.0
-    assert [b.what for b in plan.blockers] == [
+    # The rotary positions are sized by the embeddings' length, read before any cut.
+    assert plan.blockers[0].what == (
         "positions are computed from /model/embed_tokens/Gather_output_0.shape[1]"
-    ]
+    )
     assert plan.blockers[0].fix == "export with position_ids as a graph input"
+
+
+def test_a_causal_mask_sized_by_q_is_named() -> None:
+    """ts_sdpa_causal builds its mask from the Shape of q (/Shape_13 of /Transpose_output_0):
+    q cannot be scattered before that read, so its projection runs whole."""
+    plan = _plan(REAL / "ts_sdpa_causal.onnx")
+    mask = [b for b in plan.blockers if b.what.startswith("the attention mask")]
+    assert [b.tensor for b in mask] == ["/Transpose_output_0"]
+    assert mask[0].node == "/Shape_13"
+
+
+def test_a_full_split_names_no_blocker() -> None:
+    assert _plan(REAL / "ts_bert_tiny.onnx").blockers == ()
 
 
 def test_explain_json_has_the_plan() -> None:
