@@ -126,7 +126,9 @@ def make_plan(
     asked = seq_len
     seq_len = _length(index, shapes, layers, hints, seq_len)
     run_dims = resolve_dims(index, hints, seq_len, dims or {}, shapes)
-    found = rank_shapes(index, hints, run_dims, ranks, hints_source=hints_source)
+    found = rank_shapes(
+        index, hints, run_dims, ranks, hints_source=hints_source, shapes=shapes, layers=layers
+    )
     _refuse_uneven(index, found, ranks, seq_len, fixed=asked is None and seq_len != DEFAULT_SEQ_LEN)
 
     types = _elem_types(found)

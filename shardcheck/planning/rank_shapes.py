@@ -11,11 +11,12 @@ on a rank differ.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import onnx
 
+from shardcheck.analysis.detect import AttentionLayer, gathered_by_q
 from shardcheck.analysis.shapes import ExtraRule, ShapeInference
 from shardcheck.analysis.symbolic import size_at
 from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
@@ -57,8 +58,18 @@ def rank_shapes(
     ranks: int,
     *,
     hints_source: str = "<hints>",
+    shapes: ShapeInference | None = None,
+    layers: Sequence[AttentionLayer] | None = None,
 ) -> RankShapes:
-    sharded = _shard_model(index, native_equivalent(hints), hints_source=hints_source)
+    """The multi-device model of ``hints`` and its shapes (``shapes``, ``layers``: the
+    model's, when already found)."""
+    sharded = _shard_model(
+        index,
+        native_equivalent(hints),
+        None if layers is None else gathered_by_q(layers),
+        hints_source=hints_source,
+        shapes=shapes,
+    )
     model = sharded.model
     _make_concrete(model, dims)
     sharded_index = GraphIndex(model, source=index.source)
