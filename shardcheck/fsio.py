@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -13,6 +14,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shardcheck.errors import OutputError
+
+# A name of an open file descriptor: /dev/stdout, /dev/fd/1 and /proc/self/fd/1 lead here.
+_FD_NAME = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd/(\d+)")
+# What a temporary file's name keeps of the target's: "." + it + ".XXXXXXXX.tmp" fits in 255.
+_MAX_TEMP_STEM_BYTES = 200
+_MAX_LINKS = 40  # as the kernel's limit on links followed in one path
 
 
 def why_unreadable(path: str | os.PathLike[str], what: str) -> str | None:
@@ -24,6 +31,19 @@ def why_unreadable(path: str | os.PathLike[str], what: str) -> str | None:
     if file.is_dir():
         return f"is a directory, expected {what}"
     return None
+
+
+def nothing_read(path: str | os.PathLike[str], what: str) -> str:
+    """What to say of an input that gave no bytes: an empty file, or a pipe or a device that
+    gave nothing (``<(...)`` whose command wrote nothing, /dev/null)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = stat.S_IFREG
+    if stat.S_ISREG(mode):
+        return f"empty file, expected {what}"
+    kind = "pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device"
+    return f"is a {kind} that gave nothing to read, expected {what}"
 
 
 def output_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -52,13 +72,68 @@ def output_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     return target, directory
 
 
+def open_stream(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(pid, fd)`` when ``path`` leads, through links, to an open file descriptor
+    (``/dev/stdout``, ``/dev/fd/1``, ``/proc/<pid>/fd/N``, a link to one of them); else None.
+
+    Such a name is a stream, not a file to replace: the file behind it (``>> log.txt``)
+    belongs to whoever opened it, and renaming a temporary file over it would destroy it."""
+    current = os.path.abspath(os.fspath(path))
+    for _ in range(_MAX_LINKS):
+        parent, name = os.path.split(current)
+        try:
+            candidate = os.path.join(os.path.realpath(parent), name)
+        except (OSError, ValueError):
+            return None
+        match = _FD_NAME.fullmatch(candidate)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+        if name in ("", ".", "..") or not os.path.islink(candidate):
+            return None
+        try:
+            current = os.path.join(os.path.dirname(candidate), os.readlink(candidate))
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def write_to_stream(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> bool:
+    """Write in place into the open stream ``path`` names (``open_stream``), as ``-`` is
+    written to standard output: never truncated, never replaced. False when ``path`` names no
+    stream."""
+    stream = open_stream(path)
+    if stream is None:
+        return False
+    pid, fd = stream
+    try:
+        if pid == os.getpid() and fd in (1, 2):
+            standard = sys.stdout if fd == 1 else sys.stderr
+            standard.flush()
+            write(standard.buffer)
+            standard.buffer.flush()
+        elif pid == os.getpid():
+            with os.fdopen(os.dup(fd), "wb") as duplicate:
+                write(duplicate)
+        else:  # another process's descriptor: opened anew, appended to, never truncated
+            with open(os.open(path, os.O_WRONLY | os.O_APPEND), "wb") as opened:
+                write(opened)
+    except BrokenPipeError:
+        raise  # the reader is gone: the CLI's own clean exit
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    return True
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` with ``data``: a temporary file in the same directory, then a rename.
 
     A reader (or a crash at any moment) sees the old file or the new one, never a part. On
     failure the temporary file is removed and the old file is untouched. Through a symbolic
-    link, the file it points to is replaced, and the link kept.
+    link, the file it points to is replaced, and the link kept. A stream (``/dev/stdout``)
+    is written in place (``write_to_stream``).
     """
+    if write_to_stream(path, lambda stream: stream.write(data)):
+        return
     if os.path.islink(path):
         path = os.path.realpath(path)
     atomic_write_with(path, lambda stream: stream.write(data))
@@ -69,13 +144,15 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     ``atomic_write_bytes`` does, but without following a link at ``path``: the link itself is
     replaced. The temporary file has a name of its own, created exclusively, so that nothing
     already in the directory is written through or removed."""
+    if write_to_stream(path, write):
+        return
     target, directory = output_target(path)
     if target.exists() and not target.is_file() and not target.is_symlink():
         _write_in_place(target, write)  # a device or a pipe (-o /dev/null): never replaced
         return
     try:
         handle, temp_name = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".tmp", dir=directory
+            prefix=f".{_temp_stem(target.name)}.", suffix=".tmp", dir=directory
         )
     except OSError as exc:
         raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
@@ -93,6 +170,14 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
             raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
         raise
     _fsync_directory(directory)
+
+
+def _temp_stem(name: str) -> str:
+    """The start of a temporary file's name for ``name``: all of it, unless the temporary
+    name would pass the 255 bytes a file name may have (a legal 250-byte output name)."""
+    if len(os.fsencode(name)) <= _MAX_TEMP_STEM_BYTES:
+        return name
+    return name[: _MAX_TEMP_STEM_BYTES // 4]  # at most 4 bytes a character in UTF-8
 
 
 def same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
@@ -120,8 +205,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_text_or_stdout(path: str, text: str) -> None:
     """Write to ``path`` atomically; ``-`` means standard output."""
     if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # the reader is gone: the CLI's own clean exit
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise OutputError(f"-: cannot write to standard output: {why}") from None
     else:
         atomic_write_text(path, text)
 

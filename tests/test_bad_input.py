@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -146,13 +147,22 @@ def _everywhere(text: str) -> dict[str, str]:
     return {"model": text, "hints": text, "manifest": text}
 
 
+def _everywhere_but_manifest(text: str) -> dict[str, str]:
+    return {"model": text, "hints": text}
+
+
 CORPUS: list[Entry] = [
     # --- any kind of file
     Entry("missing-file", _missing, _everywhere("no such file")),
     Entry("directory", _directory, _everywhere("directory")),
     Entry("empty-file", _write("empty.onnx", b""), {"model": "empty file", "hints": "empty"}),
     Entry("whitespace-only", _write("blank.json", " \n\t\n"), {"hints": "empty file"}),
-    Entry("dev-null", lambda _d: Path(os.devnull), {"model": "empty file", "hints": "empty"}),
+    # A device is no file: not "empty file".
+    Entry(
+        "dev-null",
+        lambda _d: Path(os.devnull),
+        _everywhere_but_manifest("is a device that gave nothing to read"),
+    ),
     Entry("symlink-loop", _symlink_loop),
     Entry("dangling-symlink", _dangling_symlink, _everywhere("no such file")),
     Entry(
@@ -198,6 +208,21 @@ CORPUS: list[Entry] = [
         "external-data-absolute",
         _model_with(_external("/etc/passwd")),
         {"model": "outside the model's directory; refused"},
+    ),
+    Entry(
+        "external-data-nul-byte",
+        _model_with(_external("weights\0.bin")),
+        {"model": 'external data location "weights\\u0000.bin" holds a NUL byte'},
+    ),
+    Entry(
+        "external-data-name-too-long",
+        _model_with(_external("w" * 300)),
+        {"model": "is too long to be a file name"},
+    ),
+    Entry(
+        "external-data-path-too-long",
+        _model_with(_external("d/" * 2100 + "w.bin")),
+        {"model": "is too long to be a file name"},
     ),
     Entry(
         "external-data-without-location",
@@ -385,6 +410,10 @@ def assert_one_clean_error(result: Result, *, names: str | None = None, says: st
     line = lines[0]
     assert line.startswith("shardcheck: error: "), line
     assert "Traceback" not in line and "internal error" not in line, line
+    # A value is cut (wording.shown): no number is echoed in hundreds of digits.
+    assert not re.search(r"[0-9]{100}", line), f"a long number echoed in full: {line!r}"
+    # Names are shown escaped: no terminal escape or other control character is raw.
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f]", line), f"a raw control character: {line!r}"
     if names is not None:
         assert names in line, f"{names!r} not named in {line!r}"
     assert says in line, f"{says!r} not in {line!r}"
@@ -566,6 +595,69 @@ def test_bad_output_paths_are_one_clean_line_and_change_nothing(
     assert _snapshot(tmp_path) == before, "a failed write changed a file or left a temporary"
 
 
+# ------------------------------------------------------------------ odd but valid models
+
+
+def _dim_named(name: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = name
+
+    return change
+
+
+def _weight_as_output(model: onnx.ModelProto) -> None:
+    weight = model.graph.initializer[0]
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info(weight.name, weight.data_type, list(weight.dims))
+    )
+
+
+# Models every command must take as they are: no "internal error", no false refusal.
+ODD_MODELS: dict[str, Callable[[onnx.ModelProto], None]] = {
+    # A dim named in digits of another kind: a name, not a number.
+    "dim-param-superscript": _dim_named("\u00b2"),
+    # A dim named like a product: a name, never multiplied out (8e44 bytes "needed").
+    "dim-param-like-a-product": _dim_named("99999999999*99999999999"),
+    "dim-param-with-a-space": _dim_named("batch size"),
+    # A weight given out as a graph output (the simulation compared it as a rank's tensor).
+    "initializer-as-graph-output": _weight_as_output,
+}
+ODD_RUNS: dict[str, Callable[[Path, Path, Path], list[object]]] = {
+    "gen": lambda m, h, d: ["gen", m, "-o", d / "gen.json"],
+    "verify": lambda m, h, d: ["verify", m, h],
+    "verify --ranks 2": lambda m, h, d: ["verify", m, h, "--ranks", "2"],
+    "simulate": lambda m, h, d: ["simulate", m, h, *SIMULATE_SETTINGS],
+    "shard": lambda m, h, d: ["shard", m, h, "-o", d / "md.onnx"],
+}
+
+
+@pytest.mark.parametrize("run", list(ODD_RUNS))
+@pytest.mark.parametrize("odd", list(ODD_MODELS))
+def test_odd_but_valid_models_pass_every_command(tmp_path: Path, odd: str, run: str) -> None:
+    model = _model_with(ODD_MODELS[odd])(tmp_path)
+    result = run_cli(*ODD_RUNS[run](model, HINTS, tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert "error" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["gen", "fmt", "shard"])
+def test_a_long_legal_output_name_is_written(tmp_path: Path, command: str) -> None:
+    """250 bytes is a legal file name; the temporary file beside it must not be longer than
+    the 255 a name may have (it was ".NAME.XXXXXXXX.tmp")."""
+    good = _good_inputs(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    name = "h" * 245 + ".json"
+    argv = {
+        "gen": ["gen", good["model"], "-o", out_dir / name],
+        "fmt": ["fmt", good["hints"], "-o", out_dir / name],
+        "shard": ["shard", good["model"], good["hints"], "-o", out_dir / name],
+    }[command]
+    result = run_cli(*argv)
+    assert result.exit_code == 0, result.stderr
+    assert [p.name for p in out_dir.iterdir()] == [name]
+
+
 # ------------------------------------------------------------------ options and run settings
 
 
@@ -578,6 +670,10 @@ def _model_with_negative_dim(directory: Path) -> Path:
 
 
 HUGE = str(10**11)
+# Too large for a float (1e400 written out), and digits of other scripts (int() takes "١٦").
+DIGITS_400 = str(10**400)
+SUPERSCRIPT_TWO = "\u00b2"
+ARABIC_SIXTEEN = "\u0661\u0666"
 
 # (argv with MODEL/HINTS placeholders, what the line says). Each is exit 2 and one line.
 OPTIONS: list[tuple[list[str], str]] = [
@@ -610,6 +706,24 @@ OPTIONS: list[tuple[list[str], str]] = [
     (["verify", "MODEL", "HINTS", "--seq-lens", f"8,{HUGE}"], f"sequence length {HUGE}"),
     (["verify", "MODEL", "HINTS", "--dim", f"batch={HUGE}"], f"batch={HUGE}"),
     (["verify", "MODEL", "HINTS", "--dim", "nosuch=3"], "the model's inputs have no dim 'nosuch'"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", f"8,{DIGITS_400}"], "sequence length 1000"),
+    (["verify", "MODEL", "HINTS", "--dim", f"batch={DIGITS_400}"], "dims batch=1000"),
+    (["verify", "MODEL", "HINTS", "--ranks", "2", "--seq-lens", f"8,{DIGITS_400}"], "length 100"),
+    (["verify", "MODEL", "HINTS", "--dim", f"batch={SUPERSCRIPT_TWO}"], "positive integer"),
+    (["verify", "MODEL", "HINTS", "--seq-lens", f"8,{ARABIC_SIXTEEN}"], "--seq-lens"),
+    (["gen", "MODEL", "-o", "-", "--groups", f"0,{SUPERSCRIPT_TWO}"], "--groups"),
+    (["gen", "MODEL", "-o", "-", "--i-idx", DIGITS_400], "--i-idx"),
+    (["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", DIGITS_400], "length 1000"),
+    (["simulate", "MODEL", "HINTS", "--ranks", DIGITS_400, "--seq-len", "8"], "--seq-len 8"),
+    (
+        ["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8", "--dim", "batch=1e3"],
+        "positive integer",
+    ),
+    (
+        ["simulate", "MODEL", "HINTS", "--ranks", "2", "--seq-len", "8"]
+        + ["--dim", f"batch={DIGITS_400}"],
+        "dims batch=1000",
+    ),
     (["verify", "MODEL", "HINTS", "--dim", "batch"], "--dim"),
     # The sequence dim pinned: every run would be the same.
     (

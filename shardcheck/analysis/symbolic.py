@@ -10,6 +10,7 @@ integer vectors that hold shapes are computed on, and expressions are evaluated 
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -173,13 +174,27 @@ def size_of(dims: Sequence[Dim]) -> Size | None:
         if isinstance(dim, int):
             number *= dim
             continue
-        for factor in dim.split("*"):
-            if factor.isdigit():
-                number *= int(factor)
-            else:
-                symbols.append(factor)
+        factor, names = factors(dim)
+        number *= factor
+        symbols.extend(names)
     symbols.sort()
     return number, tuple(symbols)
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def factors(dim: str) -> Size:
+    """A symbolic dim as its integer factor and its symbols. Only a product as shape
+    propagation writes one is read as a product (``2*batch``, ``s*2``, ``batch*heads``: names
+    and integers, one name at least); any other dim is one symbol, never arithmetic: a model's
+    dim_param ``99999999999*99999999999`` is a name, as are ``²`` and ``seq len``."""
+    parts = dim.split("*")
+    numbers = [part for part in parts if _DIGITS.fullmatch(part)]
+    names = [part for part in parts if is_name(part)]
+    if len(parts) == 1 or not names or len(numbers) + len(names) != len(parts):
+        return 1, (dim,)
+    return math.prod(int(number) for number in numbers), tuple(names)
 
 
 def _quotient(whole: Size, part: Size) -> Size | None:

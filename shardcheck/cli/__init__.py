@@ -7,6 +7,7 @@ line on stderr, ``shardcheck: error: ...``; ``--debug`` shows the traceback as w
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import importlib
 import os
@@ -21,16 +22,23 @@ import click
 from shardcheck.cli.arguments import expand_list_options
 from shardcheck.cli.exit_codes import exit_codes_epilog
 from shardcheck.cli.json_output import echo_error_json, errors_as_json, wants_json
+from shardcheck.cli.stops import Stopped, clean_up_on_signals, stopped_by
 from shardcheck.errors import ShardcheckError
 from shardcheck.lifetime import free_at_exit
+from shardcheck.wording import shown
 
 EXIT_OK = 0
 EXIT_INPUT_ERROR = 2  # findings and differences are 1: the commands return it
 
 
+# Write errors of a stream that has no name: standard output, the only one a command writes.
+_STDOUT_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
 def error_line(message: str) -> None:
     text = " ".join(str(message).split())
-    click.echo(f"shardcheck: error: {text}", err=True)
+    with contextlib.suppress(OSError):  # a closed stderr: the exit code still says it
+        click.echo(f"shardcheck: error: {text}", err=True)
     with contextlib.suppress(OSError):  # a closed stdout: the exit code still says it
         echo_error_json(text)  # under --format json, stdout gets it as JSON too
 
@@ -75,6 +83,19 @@ class ShardcheckGroup(click.Group):
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """The command; an interrupt, a signal or a closed stdout leaves as Stopped, past
+        click's own handling of them."""
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a full disk or a closed pipe is the command's failure
+            return result
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
+            stop = stopped_by(exc)
+            if stop is None:
+                raise
+            raise stop from None
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args and not ctx.resilient_parsing:
             # A bare ``shardcheck``: its help as click lays it out, not as one error line.
@@ -112,6 +133,10 @@ class ShardcheckGroup(click.Group):
         except click.exceptions.Abort:
             error_line("aborted")
             code = 130
+        except Stopped as exc:
+            if exc.message is not None:
+                error_line(exc.message)
+            code = exc.exit_code
         except click.ClickException as exc:
             where = exc.ctx.command_path + ": " if getattr(exc, "ctx", None) else ""
             hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
@@ -125,6 +150,11 @@ class ShardcheckGroup(click.Group):
         except KeyboardInterrupt:
             error_line("interrupted")
             code = 130
+        except OSError as exc:
+            if debug:
+                traceback.print_exc()
+            error_line(_os_error_message(exc))
+            code = EXIT_INPUT_ERROR
         except Exception as exc:
             if debug:
                 traceback.print_exc()
@@ -136,6 +166,19 @@ class ShardcheckGroup(click.Group):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _os_error_message(exc: OSError) -> str:
+    """A system error no reader caught, as "FILE: what is wrong" when it names its file."""
+    why = exc.strerror or str(exc)
+    if exc.filename is not None:
+        return f"{shown(os.fsdecode(exc.filename))}: {why}"
+    if exc.errno in _STDOUT_ERRORS:
+        return f"-: cannot write to standard output: {why}"
+    return (
+        f"internal error: {type(exc).__name__}: {exc} "
+        "(this is a bug in shardcheck; rerun with --debug for the traceback)"
+    )
 
 
 @click.group(cls=ShardcheckGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -157,6 +200,7 @@ def main() -> None:
     end, say)."""
     gc.disable()
     free_at_exit()
+    clean_up_on_signals()
     code = cli.main(standalone_mode=False)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (| head) says no more

@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
+from shardcheck.wording import shown
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Options that Polygraphy takes as space-separated integer lists (argparse nargs="*").
@@ -46,6 +48,18 @@ def expand_list_options(args: Sequence[str]) -> list[str]:
     return result
 
 
+_ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def ascii_int(text: str) -> int:
+    """``text`` as an integer in ASCII digits (surrounding spaces allowed); ValueError for
+    anything else. ``int`` takes other scripts' digits ("١٦" is 16) and "1_000"."""
+    stripped = text.strip()
+    if not _ASCII_INT.fullmatch(stripped):
+        raise ValueError(text)
+    return int(stripped)
+
+
 class IntList(click.ParamType):
     """Comma-separated non-negative integers; the empty string is the empty list."""
 
@@ -58,7 +72,7 @@ class IntList(click.ParamType):
         if not text:
             return ()
         try:
-            numbers = tuple(int(part) for part in text.split(","))
+            numbers = tuple(ascii_int(part) for part in text.split(","))
         except ValueError:
             self.fail(f"expected integers separated by spaces or commas, got {value!r}", param, ctx)
         if any(n < 0 for n in numbers):
@@ -78,8 +92,10 @@ class DimSetting(click.ParamType):
         if isinstance(value, tuple):
             return value
         name, sep, number = str(value).partition("=")
-        if not sep or not name or not number.isdigit() or int(number) < 1:
-            self.fail(f"expected NAME=VALUE with a positive integer, got {value!r}", param, ctx)
+        if not sep or not name or not _ASCII_INT.fullmatch(number) or int(number) < 1:
+            self.fail(
+                f"expected NAME=VALUE with a positive integer, got {shown(str(value))}", param, ctx
+            )
         return name, int(number)
 
 

@@ -8,6 +8,7 @@ from shardcheck.cli.arguments import (
     DIM_OPTION,
     FORMAT_OPTION,
     QUIET_OPTION,
+    ascii_int,
     codes_option,
     dims_mapping,
     tolerance_options,
@@ -15,13 +16,16 @@ from shardcheck.cli.arguments import (
 from shardcheck.cli.progress import Progress
 from shardcheck.verification.findings import CODES
 from shardcheck.verification.verify import DEFAULT_SEQ_LENS, verify
+from shardcheck.wording import shown
 
 
 def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in value.split(",") if part.strip())
+        return tuple(ascii_int(part) for part in value.split(",") if part.strip())
     except ValueError:
-        raise click.BadParameter(f"expected integers separated by commas, got {value!r}") from None
+        raise click.BadParameter(
+            f"expected integers separated by commas, got {shown(value)}"
+        ) from None
 
 
 @click.command(name="verify")

@@ -159,7 +159,9 @@ def _type_problem(kind: str, value: Any) -> str | None:
 def _bounded(name: str, value: int | tuple[int, ...] | None, low: int, high: int) -> None:
     for number in value if isinstance(value, tuple) else (value,):
         if number is not None and not low <= number <= high:
-            raise InputError(f"{name}: expected an integer between {low} and {high}, got {number}")
+            raise InputError(
+                f"{name}: expected an integer between {low} and {high}, got {shown(number)}"
+            )
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -98,8 +98,6 @@ def _start(parsed: ParsedModel) -> tuple[int, int] | None:
         finally:
             os._exit(status)
     os.close(write_end)
-    # The child has its own mapping of the file; this process is done with its own.
-    parsed.release_file()
     return pid, read_end
 
 

@@ -16,7 +16,6 @@ checked here instead (see ``_check_external_tensor``).
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +24,12 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 
 from shardcheck.errors import InputError, ModelError
-from shardcheck.fsio import why_unreadable
+from shardcheck.fsio import nothing_read, why_unreadable
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.protos import full_onnx
 from shardcheck.graph.tensors import attribute_tensors, locations_of, model_tensors, node_tensors
+from shardcheck.wording import shown
 
 if TYPE_CHECKING:
     import onnx
@@ -51,6 +51,9 @@ _NESTED = frozenset(
     (protos.AttributeProto.TENSORS, protos.AttributeProto.GRAPH, protos.AttributeProto.GRAPHS)
 )
 _EXTERNAL = protos.TensorProto.EXTERNAL
+# The longest file name and path the usual file systems take (Linux's NAME_MAX, PATH_MAX).
+_NAME_MAX = 255
+_PATH_MAX = 4096
 
 
 def read_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -124,7 +127,7 @@ class ParsedModel:
         model: onnx.ModelProto,
         source: str,
         file: Path,
-        content: bytes | mmap.mmap | None,
+        content: bytes | None,
         initializers: _InitializerScan,
     ) -> None:
         self.model = model
@@ -140,12 +143,9 @@ class ParsedModel:
     @property
     def serialized(self) -> bytes | None:
         """The file's bytes, when they are the model's protobuf with every weight inside (for
-        the checker and onnxruntime, which take bytes); read from the mapped file when first
-        asked for."""
+        the checker and onnxruntime, which take bytes)."""
         if self._content is None or self.external_tensors():
             return None
-        if isinstance(self._content, mmap.mmap):
-            self._content = bytes(self._content)
         return self._content
 
     def _full_scan(self) -> _Scan:
@@ -199,15 +199,6 @@ class ParsedModel:
         """The files that hold the model's external initializers (the parse found them)."""
         return locations_of(self._initializers.external)
 
-    def release_file(self) -> None:
-        """Close the mapped file, if any: from now on the checker reads the parsed model. A
-        file truncated while mapped would kill the process that reads the mapping (SIGBUS);
-        once the model is parsed, only a child process still reads it (see concurrent_check).
-        """
-        if isinstance(self._content, mmap.mmap):
-            self._content.close()
-            self._content = None
-
     def mark_checked(self, external_locations: set[str]) -> None:
         """The checks of ``check`` passed elsewhere (in a child process), which found the
         model's external tensors in these files."""
@@ -225,12 +216,8 @@ class ParsedModel:
         self._checked = True
 
 
-def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> ParsedModel:
-    """Read and parse an ONNX file as ``read_model`` does, but for ``ParsedModel.check``.
-
-    ``keep_bytes``: the caller needs the file's bytes (verify hands them to onnxruntime), so
-    the file is read into memory rather than mapped.
-    """
+def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
+    """Read and parse an ONNX file as ``read_model`` does, but for ``ParsedModel.check``."""
     file = Path(path)
     source = str(path)
     if not source:  # Path("") is the current directory
@@ -239,10 +226,12 @@ def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> Pa
     if problem:
         raise ModelError(f"{source}: {problem}")
     try:
-        size = file.stat().st_size
-        if size == 0:
-            raise ModelError(f"{source}: empty file, expected an ONNX model")
-        content = file.read_bytes() if keep_bytes else _read(file)
+        # Read, never mapped: a mapped file truncated while it is parsed kills the process
+        # (SIGBUS), with no message; a file read is whatever it held when read. A pipe
+        # (``<(...)``) is read to its end.
+        content = file.read_bytes()
+        if not content:
+            raise ModelError(f"{source}: {nothing_read(file, 'an ONNX model')}")
         model_format, model = _deserialize(file, content)
     except ModelError:
         raise
@@ -263,19 +252,7 @@ def parse_model(path: str | os.PathLike[str], *, keep_bytes: bool = False) -> Pa
     return ParsedModel(model, source, file, kept, initializers)
 
 
-def _read(file: Path) -> bytes | mmap.mmap:
-    """The file's content; a ``.onnx`` file is mapped rather than read: parsing it from the
-    mapping spares a copy of the whole file in memory, and the time to make one."""
-    if file.suffix == ".onnx":
-        with file.open("rb") as handle:
-            try:
-                return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):  # a file that cannot be mapped is read
-                pass
-    return file.read_bytes()
-
-
-def _deserialize(file: Path, content: bytes | mmap.mmap) -> tuple[str, onnx.ModelProto]:
+def _deserialize(file: Path, content: bytes) -> tuple[str, onnx.ModelProto]:
     """The model, read as ``onnx.load`` reads it: in the format its extension names."""
     if file.suffix == ".onnx":  # the usual case: protobuf, without importing the onnx package
         model = protos.ModelProto()
@@ -285,8 +262,6 @@ def _deserialize(file: Path, content: bytes | mmap.mmap) -> tuple[str, onnx.Mode
         if decoded is not None and decoded != len(content):
             raise DecodeError(f"consumed {decoded} of {len(content)} bytes")
         return _PROTOBUF, model
-    if isinstance(content, mmap.mmap):
-        content = bytes(content)
     onnx = full_onnx()
     from google.protobuf import json_format, text_format
     from onnx import serialization
@@ -391,6 +366,12 @@ def _check_external_tensor(
     if not location:
         raise ModelError(f"{file}: {kind} {tensor.name!r}: external data has no location")
     if location not in inside:
+        unusable = _unusable_location(location)
+        if unusable:
+            raise ModelError(
+                f"{file}: {kind} {tensor.name!r}: external data location {shown(location)} "
+                f"{unusable}; refused"
+            )
         inside[location] = not (
             Path(location).is_absolute()
             or ".." in os.path.normpath(location)
@@ -401,6 +382,16 @@ def _check_external_tensor(
             f"{file}: {kind} {tensor.name!r}: external data location {location!r} is "
             "outside the model's directory; refused"
         )
+
+
+def _unusable_location(location: str) -> str | None:
+    """Why an external data location cannot name a file at all, or None."""
+    if "\0" in location:
+        return "holds a NUL byte"
+    parts = os.fsencode(location).split(b"/")
+    if len(os.fsencode(location)) >= _PATH_MAX or any(len(p) > _NAME_MAX for p in parts):
+        return "is too long to be a file name"
+    return None
 
 
 def _copy_for_checker(model: onnx.ModelProto, scan: _Scan | None) -> onnx.ModelProto:

@@ -121,7 +121,7 @@ class _Reader:
             raise self.expect(path, "an integer", value)
         if value < low or (high is not None and value > high):
             bound = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise self.fail(path, f"expected an integer {bound}, got {value}")
+            raise self.fail(path, f"expected an integer {bound}, got {shown(value)}")
         return value
 
     def optional_integer(

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from shardcheck.errors import HintsFormatError, InputError
-from shardcheck.fsio import why_unreadable, write_text_or_stdout
+from shardcheck.fsio import nothing_read, why_unreadable, write_text_or_stdout
 from shardcheck.hints.codec import dumps, loads, validated
 from shardcheck.hints.model import ShardHints
 
@@ -34,8 +34,10 @@ def read_text_input(path: str | os.PathLike[str], what: str) -> str:
         raise InputError(f"{path}: permission denied") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise InputError(f"{path}: {nothing_read(file, what)}")
     if not data.strip():
-        raise InputError(f"{path}: empty file, expected {what}")
+        raise InputError(f"{path}: empty file (only white space), expected {what}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

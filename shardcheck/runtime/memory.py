@@ -31,10 +31,14 @@ import onnx
 
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import factors
 from shardcheck.errors import InputError
 from shardcheck.graph.index import Dim, GraphIndex, Shape
+from shardcheck.wording import shown
 
 DEFAULT_ITEMSIZE = 4
+# Byte counts from here on are written from their digits: a float cannot hold them all.
+_FLOAT_SAFE = 10**300
 _MEMINFO = Path("/proc/meminfo")
 # cgroup v2, then v1: a container's limit is often far below the machine's MemAvailable.
 _CGROUP_LIMITS = (
@@ -65,11 +69,11 @@ def _resolve_dim(dim: Dim, dims: Mapping[str, int]) -> int:
     if isinstance(dim, int):
         return dim if dim >= 0 else 1
     if isinstance(dim, str):
+        if dim in dims:  # a name, whatever it spells (a dim_param "2*3" is not six)
+            return dims[dim]
         # Merged dims are written "a*b" or "2*a" by shape propagation.
-        size = 1
-        for factor in dim.split("*"):
-            size *= int(factor) if factor.isdigit() else dims.get(factor, 1)
-        return size
+        number, symbols = factors(dim)
+        return number * math.prod(dims.get(symbol, 1) for symbol in symbols)
     return 1
 
 
@@ -181,6 +185,9 @@ def available_bytes() -> int | None:
 
 def human(nbytes: int) -> str:
     """``1536`` -> ``1.5 KiB``; past EiB, powers of ten (``2.4e+22 B``)."""
+    if nbytes >= _FLOAT_SAFE:  # past a float: the digits say it (--dim batch=10**400)
+        digits = str(nbytes)
+        return f"{digits[0]}.{digits[1]}e+{len(digits) - 1} B"
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if value < 1024:
@@ -208,11 +215,11 @@ def refuse_oversized_run(
     if available is None:
         available = available_bytes()
     if available is not None and needed.total > available:
-        chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
+        chosen = ", ".join(f"{name}={shown(value)}" for name, value in dims.items()) or "none"
         raise InputError(
-            f"{index.source}: sequence length {seq_len} (dims {chosen}) needs about "
+            f"{index.source}: sequence length {shown(seq_len)} (dims {chosen}) needs about "
             f"{human(needed.total)} of memory, more than the {human(available)} available "
-            f"(largest tensor {needed.largest} {list(needed.largest_shape)}: "
+            f"(largest tensor {needed.largest!r} {shown(list(needed.largest_shape))}: "
             f"{human(needed.largest_bytes)}); refused before running: choose a shorter "
             f"{option} or smaller --dim values"
         )

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 
 from shardcheck.errors import InputError
+from shardcheck.wording import shown
 
 
 def refuse_bad_seq_lens(seq_lens: Sequence[int]) -> None:
@@ -16,14 +17,14 @@ def refuse_bad_seq_lens(seq_lens: Sequence[int]) -> None:
     runs are the sequence axes)."""
     if len(seq_lens) < 2 or len(set(seq_lens)) != len(seq_lens) or min(seq_lens) < 1:
         raise InputError(
-            f"--seq-lens {','.join(map(str, seq_lens))}: give at least two different positive "
+            f"--seq-lens {','.join(map(shown, seq_lens))}: give at least two different positive "
             "lengths, e.g. 8,16"
         )
 
 
 def refuse_bad_seq_len(seq_len: int) -> None:
     if seq_len < 1:
-        raise InputError(f"--seq-len {seq_len}: the sequence length must be positive")
+        raise InputError(f"--seq-len {shown(seq_len)}: the sequence length must be positive")
 
 
 def refuse_bad_timeout(timeout: float | None) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from shardcheck.errors import InputError, OutputError
-from shardcheck.fsio import atomic_write_bytes, atomic_write_with, output_target
+from shardcheck.fsio import atomic_write_bytes, atomic_write_with, open_stream, output_target
 from shardcheck.graph.loader import weights_dir
 from shardcheck.graph.tensors import external_locations
 
@@ -29,11 +29,15 @@ def save_sharded_model(
     # Refuse a bad output path before a weight file is copied next to it.
     output_path, output_dir = output_target(output)
     output_dir = output_dir.resolve()
+    _refuse_weight_location(model, output_path, output_dir, source_dir)
     copied: list[Path] = []
     try:
-        # A device or a pipe (-o /dev/null) has no directory to hold weight files.
-        beside_output = output_dir != source_dir and not (
-            output_path.exists() and not output_path.is_file()
+        # A device, a pipe or a stream (-o /dev/null, /dev/stdout) has no directory to hold
+        # weight files.
+        beside_output = (
+            output_dir != source_dir
+            and not (output_path.exists() and not output_path.is_file())
+            and open_stream(output_path) is None
         )
         if beside_output:
             for location in sorted(external_locations(model)):
@@ -45,6 +49,22 @@ def save_sharded_model(
             path.unlink(missing_ok=True)
         raise
     return copied
+
+
+def _refuse_weight_location(
+    model: onnx.ModelProto, output_path: Path, output_dir: Path, source_dir: Path
+) -> None:
+    """OutputError when the model file would be written where one of its own weight files
+    goes (``-o out/weights.bin`` for weights at ``weights.bin``): the model would overwrite
+    its copied weights, or they it."""
+    written = output_dir / output_path.name
+    for location in sorted(external_locations(model)):
+        for weights in {output_dir / location, source_dir / location}:
+            if os.path.normpath(weights) == os.path.normpath(written):
+                raise OutputError(
+                    f"{output_path}: is where the model's weight file {location!r} goes; "
+                    "give the sharded model another name"
+                )
 
 
 def _place_weight_file(source: Path, target: Path) -> bool:

@@ -38,7 +38,7 @@ from shardcheck.simulation.collectives import refuse_bad_group
 from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
 from shardcheck.simulation.rank_values import RankFailure
 from shardcheck.simulation.simulator import RankSimulator
-from shardcheck.wording import counted
+from shardcheck.wording import counted, shown
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ class Simulation:
         """The model's index. The session of the single-device run (the reference, unless
         the caller has one) is made in the background from here on, while the model is
         checked, analysed and sharded: making it is most of that run's cost."""
-        parsed = parse_model(model_path, keep_bytes=True)
+        parsed = parse_model(model_path)
         index = index_parsed(parsed)
         refuse_oversized_weights(index)
         check_weight_files(index, model_path)
@@ -294,10 +294,11 @@ class Simulation:
         if unsplit is not None:
             tensor, size = unsplit
             raise InputError(
-                f"--seq-len {seq_len}: the sequence length must be a positive multiple of the "
-                f"{self.ranks} ranks, so that every rank holds as many positions"
+                f"--seq-len {shown(seq_len)}: the sequence length must be a positive multiple of "
+                f"the {shown(self.ranks)} ranks, so that every rank holds as many positions"
                 if size == seq_len
-                else f"--seq-len {seq_len}: {unsplittable_message(tensor, size, self.ranks)}; "
+                else f"--seq-len {shown(seq_len)}: "
+                f"{unsplittable_message(tensor, size, self.ranks)}; "
                 "choose a length at which it is, so that every rank holds as many positions"
             )
         refuse_oversized_run(

@@ -77,7 +77,7 @@ def verify(
     refuse_bad_tolerances(rtol, atol)
     if ranks is not None:
         refuse_bad_ranks(ranks)
-    parsed = parse_model(model_path, keep_bytes=True)
+    parsed = parse_model(model_path)
     if isinstance(hints, ShardHints):
         hints = validated(hints, hints_source)
     else:

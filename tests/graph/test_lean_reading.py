@@ -144,7 +144,7 @@ def test_the_lean_checker_gives_onnx_checkers_verdicts(
 
 
 @pytest.mark.parametrize("model", FIXTURE_MODELS, ids=lambda m: m.name)
-def test_a_mapped_file_parses_to_what_onnx_load_reads(model: Path) -> None:
+def test_a_file_parses_to_what_onnx_load_reads(model: Path) -> None:
     parsed = parse_model(model)
     assert parsed.model == onnx.load(model)
     assert parsed.serialized == model.read_bytes()

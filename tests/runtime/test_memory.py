@@ -96,7 +96,7 @@ def test_an_oversized_run_is_refused_with_the_length_the_dims_and_the_estimate()
     assert message.startswith(f"{index.source}: sequence length 4096 ")
     assert "(dims batch=1, sequence_len=4096)" in message
     assert f"needs about {human(needed)} of memory" in message
-    assert "largest tensor head_scores [1, 4096, 4096]: 64.0 MiB" in message
+    assert "largest tensor 'head_scores' [1, 4096, 4096]: 64.0 MiB" in message
     assert "refused before running" in message
 
 
