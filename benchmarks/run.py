@@ -9,7 +9,7 @@ issue; the same text goes to ``benchmarks/RESULTS.md`` with the machine it was t
 
 How each figure is taken:
 
-* whole process: ``python -m shardcheck gen MODEL -o OUT`` and ``polygraphy template
+* whole process: ``python -m shardcheck gen MODEL -q -o OUT`` and ``polygraphy template
   shard-hints MODEL -o OUT.json`` as child processes, paired and alternating (gen, Polygraphy,
   gen, Polygraphy, ...), ``--repeats`` pairs per model (``--deep-repeats`` for the deepest
   models, whose ratios the targets are judged on; each pair's ratio is listed too), median
@@ -277,7 +277,9 @@ class Launcher:
 
 
 def gen_command(model: Path, output: Path) -> list[str]:
-    return [sys.executable, "-m", "shardcheck", "gen", str(model), "-o", str(output)]
+    # -q: without the plan's summary line, work Polygraphy's shard-hints does not do
+    # (docs/performance.md, "The plan's summary line").
+    return [sys.executable, "-m", "shardcheck", "gen", str(model), "-q", "-o", str(output)]
 
 
 def polygraphy_command(polygraphy: str, model: Path, output: Path) -> list[str]:
