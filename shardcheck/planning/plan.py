@@ -88,6 +88,7 @@ class Plan:
     layers: tuple[LayerPlan, ...]
     uncounted_nodes: int  # nodes with FLOPs whose shapes are unknown (counted as 0)
     blockers: tuple[Blocker, ...] = ()
+    hints: str = "<hints>"  # where the hints came from (a file, or gen's default)
     sliced_nodes: frozenset[int] = field(default=frozenset(), repr=False)
 
     @property
@@ -161,6 +162,7 @@ def make_plan(
     blockers = find_blockers(index, whole_projections, sliced_tensors.__contains__, scattered)
     return Plan(
         model=index.source,
+        hints=hints_source,
         seq_len=seq_len,
         ranks=ranks,
         dims=dict(run_dims),

@@ -33,6 +33,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON values (the ``plan`` object of explain's and verify's JSON)."""
     return {
         "model": plan.model,
+        "hints": plan.hints,
         "seq_len": plan.seq_len,
         "ranks": plan.ranks,
         "dims": dict(sorted(plan.dims.items())),
@@ -89,7 +90,12 @@ def render_json(plan: Plan) -> str:
 
 
 def render_text(plan: Plan) -> str:
-    lines = [summary_line(plan), "", "FLOPs (single device)      on slices        whole  share"]
+    lines = [
+        summary_line(plan),
+        f"hints: {plan.hints}",
+        "",
+        "FLOPs (single device)      on slices        whole  share",
+    ]
     for name in CLASSES:
         flops = plan.classes[name]
         lines.append(
