@@ -14,6 +14,7 @@ from __future__ import annotations
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import fused_layout, fused_site
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.generation.messages import Warned
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import FusedAttention
@@ -53,16 +54,22 @@ def fused_replacements(
     if native:
         first, problem = native[0]
         warnings.append(
-            f"{index.source}: {counted(len(native), 'attention layer')} of {len(layers)} cannot "
-            f"be replaced by a fused attention and stay native (gather K and V); first: "
-            f"{first.name}: {problem}"
+            Warned(
+                "SC309",
+                f"{index.source}: {counted(len(native), 'attention layer')} of {len(layers)} "
+                f"cannot be replaced by a fused attention and stay native (gather K and V); "
+                f"first: {first.name}: {problem}",
+            )
         )
     if overridden:
         first, problem = overridden[0]
         warnings.append(
-            f"{index.source}: {counted(len(overridden), 'attention layer')} of {len(layers)} "
-            f"replaced as the fused options say, although the first, {first.name}, does not "
-            f"fit a fused attention: {problem}; check with 'shardcheck verify {index.source} "
-            "HINTS --ranks N'"
+            Warned(
+                "SC310",
+                f"{index.source}: {counted(len(overridden), 'attention layer')} of {len(layers)} "
+                f"replaced as the fused options say, although the first, {first.name}, does not "
+                f"fit a fused attention: {problem}; check with 'shardcheck verify "
+                f"{index.source} HINTS --ranks N'",
+            )
         )
     return replacements, warnings

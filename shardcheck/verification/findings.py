@@ -64,6 +64,8 @@ CODES = {
     "SC306": "no axis carries the sequence",
     "SC307": "hinted tensor rank unknown",
     "SC308": "CP may not be exact",
+    "SC309": "layer stays native under --cp-type fused",
+    "SC310": "fused options override the layer",
 }
 
 # Up to this many findings of one code and level are shown one by one; more are collapsed.

@@ -387,3 +387,22 @@ def test_attention_that_computes_q_k_and_v_from_one_input_is_warned_of(tmp_path:
             "simulate", model, tmp_path / "h.json", "--ranks", ranks, "--seq-len", "8"
         )
         assert simulated.exit_code == 0, simulated.stdout
+
+
+def test_the_fused_warnings_carry_their_codes(tmp_path: Path) -> None:
+    out = tmp_path / "h.json"
+    bert = FIXTURES / "real" / "ts_bert_tiny.onnx"
+    # attention.onnx's Q, K and V are [batch, seq, hidden]: no fused layout, the layer stays
+    # native. BERT's fit one, but a --q-shuffle given applies to every layer all the same.
+    cases = [
+        ("SC309", FIXTURES / "attention.onnx", [], "cannot be replaced by a fused attention"),
+        ("SC310", bert, ["--q-shuffle", "0,1,2,3"], "as the fused options say"),
+    ]
+    for code, model, extra, says in cases:
+        args = ["gen", model, "-o", out, "--cp-type", "fused", *extra]
+        warned = run_cli(*args)
+        assert warned.exit_code == 0, warned.stderr
+        [line] = [line for line in warned.stderr.splitlines() if says in line]
+        assert line.endswith(f"[{code}]"), line
+        ignored = run_cli(*args, "--ignore", code)
+        assert f"[{code}]" not in ignored.stderr and says not in ignored.stderr
