@@ -24,7 +24,8 @@ from shardcheck.sharding.save import save_sharded_model
 def shard(model: str, hints: str, output: str, output_format: str) -> int:
     """Write the multi-device model of MODEL for the CP hints HINTS, as Polygraphy's
     'multi-device shard' does: DistCollective reduce-scatters after the hinted inputs,
-    all-gathers of K and V (Q with gather_q) and of the hinted outputs.
+    all-gathers of K and V (Q with gather_q) and of the hinted outputs; a layer hinted with
+    replace (cp-type fused) becomes TensorRT's fused multi-device Attention.
 
     External weight files stay where they are when OUTPUT is next to MODEL; otherwise they
     are copied next to OUTPUT."""

@@ -10,6 +10,10 @@ For native CP, in this order:
 3. unless a layer gathers Q (or gathers K/V that are its Q), every hinted output is all-gathered;
    a graph output that is gathered is replaced by the gathered tensor.
 
+A layer hinted with ``replace`` (``cp-type fused``) is not gathered: it becomes one fused
+multi-device ``Attention`` instead (``fused.py``), the nodes it replaces and what only they read
+removed.
+
 A collective on an axis other than 0 is wrapped in two Transposes that swap that axis with 0
 (NCCL collectives work on axis 0). Layers are the ones shardcheck detects, not only Polygraphy's
 two patterns. Unlike Polygraphy, the nodes come out topologically sorted, a K or V shared by two
