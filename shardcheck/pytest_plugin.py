@@ -7,7 +7,13 @@
 - the ``shard_hints_regression`` fixture compares a model's hints with a golden named after the
   test, in the manner of pytest-regressions.
 
-``--shardcheck-update`` rewrites goldens. shardcheck's modules are imported only when used.
+Both handle goldens the same way: a missing golden is written and its test fails (naming the
+file; rerun to compare against it); ``--shardcheck-update`` rewrites the goldens that differ and
+removes the stale ones (their tests pass). Stale goldens are those in the manifest's golden-dir
+that no model claims, and those in a fixture's golden directory that no test of a file that ran
+whole asked for. Under pytest-xdist each worker reports what it wrote and used, and the
+controller merges them (``gating/fixture_goldens.py``). shardcheck's modules are imported only
+when used.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from shardcheck.gating.fixture_goldens import SessionGoldens
     from shardcheck.gating.manifest import Manifest, ModelEntry
     from shardcheck.hints.model import ShardHints
 
 UPDATE_FLAG = "--shardcheck-update"
 STALE_ITEM_NAME = "[stale goldens]"
+FIXTURE = "shard_hints_regression"
+_WORKER_KEY = "shardcheck"  # in pytest-xdist's workeroutput
 
 
 @dataclass
@@ -37,6 +46,15 @@ class _Settings:
     written: list[str] = field(default_factory=list)  # goldens written this session
     # golden path -> the test whose name gave it (two tests' names must not give one)
     fixture_goldens: dict[Path, str] = field(default_factory=dict)
+    session_goldens: SessionGoldens | None = None  # made once a test uses the fixture
+    stale_lines: list[str] = field(default_factory=list)  # fixture goldens found stale
+
+    def goldens(self) -> SessionGoldens:
+        if self.session_goldens is None:
+            from shardcheck.gating.fixture_goldens import SessionGoldens
+
+            self.session_goldens = SessionGoldens()
+        return self.session_goldens
 
 
 _SETTINGS = pytest.StashKey[_Settings]()
@@ -82,8 +100,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _manifest_path(config: pytest.Config) -> Path:
+    from shardcheck.errors import InputError
+    from shardcheck.gating.manifest import find_manifest
+
     option = config.getoption("shardcheck_manifest")
     if option:
+        if "\0" in option:
+            raise pytest.UsageError(
+                f"--shardcheck-manifest {option!r}: a path cannot hold a NUL byte"
+            )
         path = config.invocation_params.dir / option
         from shardcheck.fsio import why_unreadable
 
@@ -91,14 +116,13 @@ def _manifest_path(config: pytest.Config) -> Path:
         if problem:
             raise pytest.UsageError(f"--shardcheck-manifest: {option}: {problem}")
         return path.resolve()
-    for name in ("shardcheck.toml", "pyproject.toml"):
-        path = config.rootpath / name
-        if path.is_file():
-            return path.resolve()
-    raise pytest.UsageError(
-        f"--shardcheck: no shardcheck.toml or pyproject.toml in the rootdir {config.rootpath} "
-        "(or pass --shardcheck-manifest FILE)"
-    )
+    # As ``shardcheck check`` finds it: in the rootdir or the nearest parent directory.
+    try:
+        return find_manifest(config.rootpath).resolve()
+    except InputError as exc:
+        raise pytest.UsageError(
+            f"--shardcheck: {exc.message} (or pass --shardcheck-manifest FILE)"
+        ) from None
 
 
 def _contains(directory_or_file: Path, target: Path) -> bool:
@@ -116,12 +140,84 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return ManifestFile.from_parent(parent, path=file_path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: every test of a file is seen
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users = [item for item in items if FIXTURE in getattr(item, "fixturenames", ())]
+    if users:
+        goldens = _settings(config).goldens()
+        for item in users:
+            goldens.files.setdefault(str(item.path), set()).add(item.nodeid)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    for item in items:
+        if FIXTURE in getattr(item, "fixturenames", ()):
+            _settings(item.config).goldens().partial.add(str(item.path))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield
+    if FIXTURE in getattr(item, "fixturenames", ()):
+        _settings(item.config).goldens().ran.add(item.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, on the controller: merge what a worker wrote and used."""
+    sent = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+    if sent is None:
+        return
+    settings = _settings(node.config)
+    settings.written.extend(line for line in sent["written"] if line not in settings.written)
+    if sent["goldens"] is not None:
+        settings.goldens().merge(sent["goldens"])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is None:
+        return
+    goldens = settings.session_goldens
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller decides
+        config.workeroutput[_WORKER_KEY] = {  # type: ignore[attr-defined]
+            "written": settings.written,
+            "goldens": None if goldens is None else goldens.to_json(),
+        }
+        return
+    if goldens is None:
+        return
+    root = config.rootpath
+    if settings.update:
+        removed, left = goldens.remove_stale()
+        settings.written.extend(f"removed {_relative(path, root)}" for path in removed)
+    else:
+        left = goldens.stale()
+    settings.stale_lines = [
+        f"{_relative(path, root)} (no test asked for it; delete it, or run with "
+        f"{UPDATE_FLAG} to remove it)"
+        for path in left
+    ]
+    if settings.stale_lines and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     settings = config.stash.get(_SETTINGS, None)
-    if settings is not None and settings.written:
+    if settings is not None and (settings.written or settings.stale_lines):
         terminalreporter.section("shardcheck")
         for line in settings.written:
             terminalreporter.write_line(line)
+        for line in settings.stale_lines:
+            terminalreporter.write_line(f"stale golden: {line}")
 
 
 def _settings(config: pytest.Config) -> _Settings:
@@ -193,11 +289,16 @@ class GenItem(_ModelItem):
         from shardcheck.gating.gate import CREATED, UPDATED, check_model
 
         settings = _settings(self.config)
-        result = check_model(self.entry, update=settings.update)
-        if result.golden is not None and result.golden.status in (UPDATED, CREATED):
-            settings.written.append(f"{result.golden.status} {result.entry.golden_text}")
+        # A missing golden is written (and the item fails below), as the fixture does.
+        missing = not os.path.lexists(self.entry.golden_path)
+        result = check_model(self.entry, update=settings.update or missing)
+        status = None if result.golden is None else result.golden.status
+        if status in (UPDATED, CREATED):
+            settings.written.append(f"{status} {result.entry.golden_text}")
         if not result.ok:
             raise ShardcheckFailure("\n".join(result.lines(update_flag=UPDATE_FLAG)))
+        if status == CREATED and not settings.update:
+            raise ShardcheckFailure(_created(result.entry.golden_text))
 
 
 class VerifyItem(_ModelItem):
@@ -211,8 +312,15 @@ class VerifyItem(_ModelItem):
             raise ShardcheckFailure(outcome.text)
 
 
+def _created(shown: str) -> str:
+    return (
+        f"created: {shown} (there was no golden: review it, then rerun to compare against it; "
+        f"{UPDATE_FLAG} writes goldens without failing)"
+    )
+
+
 class StaleGoldensItem(pytest.Item):
-    """Goldens in the manifest's golden-dir that no model claims."""
+    """Goldens in the manifest's golden-dir that no model claims (removed by the update)."""
 
     def __init__(self, *, manifest: Manifest, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -220,13 +328,23 @@ class StaleGoldensItem(pytest.Item):
 
     def runtest(self) -> None:
         from shardcheck.gating.gate import find_stale_goldens
+        from shardcheck.gating.golden_files import remove_stale
 
+        settings = _settings(self.config)
         stale = find_stale_goldens(self.manifest)
+        if settings.update:
+            removed = [path for path in stale if remove_stale(path)]
+            settings.written.extend(f"removed {self.manifest.display(p)}" for p in removed)
+            stale = tuple(path for path in stale if path not in removed)
         if stale:
             shown = "\n".join(f"    {self.manifest.display(path)}" for path in stale)
+            advice = (
+                "not hints files, so never removed: delete them or list their models"
+                if settings.update
+                else f"delete them, list their models, or run with {UPDATE_FLAG}"
+            )
             raise ShardcheckFailure(
-                "goldens that no model in the manifest claims (delete them or list their "
-                f"models):\n{shown}"
+                f"goldens that no model in the manifest claims ({advice}):\n{shown}"
             )
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
@@ -244,7 +362,7 @@ class ShardHintsRegression:
 
     The golden is ``<test file dir>/<test file stem>/<test name>.json`` (or ``<basename>.json``).
     A missing golden is written and the test fails with ``created: PATH``; a different one fails
-    with the semantic differences, and is rewritten with --shardcheck-update (still failing).
+    with the semantic differences. With --shardcheck-update both are written and the test passes.
     """
 
     def __init__(self, request: pytest.FixtureRequest) -> None:
@@ -252,6 +370,14 @@ class ShardHintsRegression:
 
     def golden_path(self, basename: str | None = None) -> Path:
         test_file = Path(self._request.path)
+        if basename is not None and (
+            not basename or basename in (".", "..") or re.search(r"[/\\\0]", basename)
+        ):
+            # The golden stays in the test file's golden directory.
+            pytest.fail(
+                f"check(basename={basename!r}): expected a file name without a directory",
+                pytrace=False,
+            )
         name = basename or re.sub(r"\W", "_", self._request.node.name)
         return test_file.parent / test_file.stem / f"{name}.json"
 
@@ -297,7 +423,8 @@ class ShardHintsRegression:
                 "its own with check(..., basename=...)",
                 pytrace=False,
             )
-        update = settings.update or not golden.exists()
+        update = settings.update or not os.path.lexists(golden)
+        settings.goldens().used.add(str(golden.resolve()))
         error = None
         try:
             options = GenOptions.from_mapping(gen_options, source="shard_hints_regression.check")
@@ -311,10 +438,8 @@ class ShardHintsRegression:
         shown = self._shown(golden)
         if comparison.status in (CREATED, UPDATED):
             settings.written.append(f"{comparison.status} {shown}")
-        if comparison.status == CREATED:
-            pytest.fail(f"created: {shown} (rerun the test to compare against it)", pytrace=False)
-        if comparison.status == UPDATED:
-            pytest.fail("\n".join([f"updated: {shown}", *lines]), pytrace=False)
+        if comparison.status == CREATED and not settings.update:
+            pytest.fail(_created(shown), pytrace=False)
         if comparison.status == DIFFERS:
             count = count_text(comparison.differences)
             pytest.fail(

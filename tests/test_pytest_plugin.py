@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+# Imported here, outside pytester's runs: each in-process run drops the modules it imported,
+# and deepdiff's cachebox (a PyO3 extension, under the gate's hints diff) cannot be loaded twice.
+import shardcheck.gating.gate  # noqa: F401
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
@@ -19,6 +22,10 @@ from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints
 
 MODELS = ("attention", "attention_head", "multi_attention")
+CREATED = (
+    "(there was no golden: review it, then rerun to compare against it; --shardcheck-update "
+    "writes goldens without failing)"
+)
 
 
 def generated_hints(name: str, **options: object) -> ShardHints:
@@ -90,7 +97,13 @@ def test_nothing_is_collected_without_the_option(pytester: pytest.Pytester) -> N
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
-def test_manifest_in_pyproject_next_to_tests(pytester: pytest.Pytester) -> None:
+def test_manifest_in_pyproject_next_to_tests(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A test module that imported this suite as the package "tests" (from tests.conftest ...)
+    # would shadow the inner project's own "tests" package in this in-process run.
+    for name in [name for name in sys.modules if name == "tests" or name.startswith("tests.")]:
+        monkeypatch.delitem(sys.modules, name)
     make_project(pytester.path, ("attention",), manifest_name="pyproject.toml")
     with (pytester.path / "pyproject.toml").open("a") as stream:
         stream.write('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
@@ -156,35 +169,52 @@ def test_update_option_fixes_the_drifted_golden(pytester: pytest.Pytester) -> No
 
 def test_missing_golden_and_broken_model_fail_without_traceback(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
-    (pytester.path / "golden" / "attention.json").unlink()
+    golden = pytester.path / "golden" / "attention.json"
+    expected = golden.read_text()
+    golden.unlink()
     (pytester.path / "fixtures" / "multi_attention.onnx").write_bytes(b"")
 
     result = run(pytester, "--shardcheck")
 
+    # A missing golden is written and its item fails naming the file, as the fixture does.
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(
         [
-            "MISSING  attention (no golden: golden/attention.json; run with --shardcheck-update)",
+            f"created: golden/attention.json {CREATED}",
             "ERROR    multi_attention: */fixtures/multi_attention.onnx: empty file, expected an "
             "ONNX model",
         ]
     )
     assert "Traceback" not in result.stdout.str()
+    assert golden.read_text() == expected
+    run(pytester, "--shardcheck", "-k", "attention and not multi").assert_outcomes(
+        passed=2, deselected=2
+    )
 
 
 def test_stale_golden_item(pytester: pytest.Pytester) -> None:
     make_project(pytester.path, ("attention",))
-    (pytester.path / "golden" / "old.json").write_text("{}")
+    (pytester.path / "golden" / "old.json").write_text(dumps(generated_hints("attention")))
+    (pytester.path / "golden" / "notes.json").write_text("{}")
 
     result = run(pytester, "--shardcheck")
 
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "goldens that no model in the manifest claims (delete them or list their models):",
+            "goldens that no model in the manifest claims (delete them, list their models, or run "
+            "with --shardcheck-update):",
+            "    golden/notes.json",
             "    golden/old.json",
         ]
     )
+
+    # The update removes the stale hints golden, never a JSON file that is not one.
+    updated = run(pytester, "--shardcheck", "--shardcheck-update")
+    updated.assert_outcomes(passed=1, failed=1)
+    updated.stdout.fnmatch_lines(["*= shardcheck =*", "removed golden/old.json"])
+    assert not (pytester.path / "golden" / "old.json").exists()
+    assert (pytester.path / "golden" / "notes.json").read_text() == "{}"
 
 
 def test_invalid_manifest_is_a_one_line_collection_error(pytester: pytest.Pytester) -> None:
@@ -279,8 +309,8 @@ def test_regression_fixture_creates_then_passes(pytester: pytest.Pytester) -> No
     first.assert_outcomes(failed=2)
     first.stdout.fnmatch_lines(
         [
-            "created: test_models/test_head.json (rerun the test to compare against it)",
-            "created: test_models/fused_head.json (rerun the test to compare against it)",
+            f"created: test_models/test_head.json {CREATED}",
+            f"created: test_models/fused_head.json {CREATED}",
         ]
     )
     # The terminal summary lists each golden written, the fixture's too.
@@ -323,9 +353,12 @@ def test_regression_fixture_shows_differences_and_update_rewrites(
     )
     assert "Traceback" not in differs.stdout.str()
 
+    # The update rewrites the golden and the test passes, as a manifest item does.
+    fused = (goldens / "fused_head.json").stat().st_mtime_ns
     updated = run(pytester, "--shardcheck-update")
-    updated.assert_outcomes(passed=1, failed=1)  # the unchanged golden is not rewritten
-    updated.stdout.fnmatch_lines(["updated: test_models/test_head.json"])
+    updated.assert_outcomes(passed=2)
+    updated.stdout.fnmatch_lines(["*= shardcheck =*", "updated test_models/test_head.json"])
+    assert (goldens / "fused_head.json").stat().st_mtime_ns == fused  # it matched: untouched
     assert read_hints(golden) == generated_hints("attention_head")
     run(
         pytester,
