@@ -73,9 +73,10 @@ import numpy as np
 import onnx
 
 try:
-    from benchmarks import build_models
+    from benchmarks import build_models, check_jobs
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import build_models  # type: ignore[no-redef]
+    import check_jobs  # type: ignore[no-redef]
 
 BuiltModel = build_models.BuiltModel
 
@@ -1035,6 +1036,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
     parser.add_argument("--quick", action="store_true", help="depths 12,48; 1 repeat; no big")
+    parser.add_argument(
+        "--zoo", type=int, default=200, help="models for check --jobs 2 vs 1 (0: skip)"
+    )
     parser.add_argument("--in-process", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -1042,6 +1046,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.repeats = args.deep_repeats = 1
         args.linearity_pairs = 1
         args.no_big = True
+        args.zoo = min(args.zoo, 20)
     args.depths = args.depths or list(build_models.DEFAULT_DEPTHS)
     args.kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
     args.verify_kinds = {kind.strip() for kind in args.verify_kinds.split(",") if kind.strip()}
@@ -1099,6 +1104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(
         env, results, polygraphy, proofs, settings, python_floors(results), linearity_pairs
     )
+    if args.zoo:
+        _log(f"check --verify --jobs 2 vs --jobs 1 on {args.zoo} models")
+        text += f"\n## check --jobs\n\n{check_jobs.measure(args.zoo, pairs=1).line()}\n"
     print(text)
     if not args.no_write:
         args.results.write_text(text)

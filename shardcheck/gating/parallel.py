@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
@@ -43,8 +44,7 @@ def check_models(
     from shardcheck.runtime.memory import available_bytes
 
     budget = available_bytes()
-    # forkserver: a fork of this process (onnxruntime's threads, if any) could deadlock.
-    context = multiprocessing.get_context("forkserver")
+    context = _context()
     done: dict[int, ModelResult] = {}
     running: dict[Future[_Sent], int] = {}
     submitted = shown = 0
@@ -78,6 +78,18 @@ def _check_in_worker(entry: ModelEntry, *, update: bool, verify: bool) -> _Sent:
     result = check_isolated(entry, update=update, verify=verify)
     sent = tuple((getattr(warning, "code", None), str(warning)) for warning in result.warnings)
     return dataclasses.replace(result, warnings=()), sent
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """``fork``: the workers start at once, with shardcheck, onnx and onnxruntime imported.
+    The command makes no onnxruntime session before the pool starts (it checks no model
+    itself), so its only other threads are those made at import, idle in a wait (numpy's
+    OpenBLAS pool, which re-forms itself in a child): none holds a lock a child could need. A
+    caller with Python threads of its own gets ``forkserver``, whose workers start clean
+    (slower: each imports what it needs); without fork, ``spawn``."""
+    if not hasattr(os, "fork"):  # pragma: no cover - not POSIX
+        return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
 
 
 def _result(future: Future[_Sent], entry: ModelEntry) -> ModelResult:
