@@ -28,6 +28,10 @@ class Warned(str):
         warned.code = code
         return warned
 
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
+        # What pickle and copy make it again from (check's worker processes send warnings).
+        return (self.code, str(self))
+
 
 def code_of(warning: str) -> str | None:
     """The code of a warning; None for one made without (every warning should have one)."""
