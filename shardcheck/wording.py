@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # Past this, a value in a message is cut: the message stays one readable line.
@@ -28,3 +29,16 @@ def shown(value: Any) -> str:
     if len(text) <= MAX_SHOWN_CHARS:
         return text
     return text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+# Characters that a terminal acts on rather than shows: C0 (newline, carriage return, ESC, BEL),
+# DEL, C1 (CSI is one byte there) and Unicode's line and paragraph separators.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control character escaped as Python writes it (``\\n``,
+    ``\\x1b``): a name from a file (a tensor's, a JSON key) can neither forge a line of the
+    output nor send a terminal an escape sequence."""
+    return _CONTROL.sub(lambda m: _NAMED_ESCAPES.get(m.group(), repr(m.group())[1:-1]), text)

@@ -76,8 +76,15 @@ def _model_with(change: Callable[[onnx.ModelProto], object], name: str = "model.
 
 
 def _rename_two_nodes(model: onnx.ModelProto) -> None:
-    model.graph.node[0].name = "same"
-    model.graph.node[1].name = "same"
+    _name_two_nodes("same")(model)
+
+
+def _name_two_nodes(name: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        model.graph.node[0].name = name
+        model.graph.node[1].name = name
+
+    return change
 
 
 def _external(location: str) -> Callable[[onnx.ModelProto], None]:
@@ -198,6 +205,11 @@ CORPUS: list[Entry] = [
         "duplicate-node-names",
         _model_with(_rename_two_nodes),
         {"model": "duplicate node names 'same'"},
+    ),
+    Entry(
+        "duplicate-node-names-with-escapes",
+        _model_with(_name_two_nodes("\x1b[2J\nPASS")),
+        {"model": "duplicate node names '\\x1b[2J\\nPASS'"},
     ),
     Entry(
         "external-data-outside",
@@ -322,6 +334,13 @@ CORPUS: list[Entry] = [
             "twice.json", HINTS.read_text().replace('"kv_rank": 3', '"kv_rank": 3, "kv_rank": 2')
         ),
         {"hints": "kv_rank: key given twice"},
+    ),
+    # A name that would set the terminal's title and forge a line: shown escaped.
+    Entry(
+        "key-with-terminal-escape",
+        _hints_with(lambda d: d["inputs"][0].update({"\x1b]0;owned\x07\nPASS": 1})),
+        # The error line's white space is folded (the newline is a space), ESC and BEL escaped.
+        {"hints": "inputs[0].\\x1b]0;owned\\x07 PASS: unknown key"},
     ),
     Entry(
         "lone-surrogate-name",
@@ -593,6 +612,31 @@ def test_bad_output_paths_are_one_clean_line_and_change_nothing(
     if output:  # the output, or (shard) the first weight file it would copy next to it
         assert str(Path(output).parent) in line
     assert _snapshot(tmp_path) == before, "a failed write changed a file or left a temporary"
+
+
+# ------------------------------------------------------------------ names shown on stdout
+
+# A tensor name that, printed raw, would clear the screen and forge a line of its own.
+FORGING_NAME = "input\x1b[2J\nPASS: 0 error(s), 0 warning(s)"
+NAME_RUNS: dict[str, Callable[[Path], list[object]]] = {
+    "verify": lambda h: ["verify", MODEL, h],
+    "verify --ranks 2": lambda h: ["verify", MODEL, h, "--ranks", "2"],
+    "diff": lambda h: ["diff", HINTS, h],
+    "simulate": lambda h: ["simulate", MODEL, h, *SIMULATE_SETTINGS],
+}
+
+
+@pytest.mark.parametrize("run", list(NAME_RUNS))
+def test_names_reach_the_terminal_escaped(tmp_path: Path, run: str) -> None:
+    """The hints name a tensor the model lacks, whose name holds an escape and a newline:
+    every command that shows it shows it escaped, and no line is forged."""
+    hints = _hints_with(lambda d: d["inputs"][0].update(name=FORGING_NAME))(tmp_path)
+    result = run_cli(*NAME_RUNS[run](hints))
+    assert result.exit_code in (1, 2), result.stderr
+    for text in (result.stdout, result.stderr):
+        assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), text
+        assert not any(line.startswith("PASS: 0 error(s)") for line in text.splitlines())
+    assert "\\x1b[2J\\nPASS" in result.stdout + result.stderr
 
 
 # ------------------------------------------------------------------ odd but valid models

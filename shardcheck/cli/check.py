@@ -16,6 +16,7 @@ from shardcheck.gating.gate import CheckResult, ModelResult, looks_like_a_golden
 from shardcheck.gating.manifest import Manifest, find_manifest, load_manifest
 from shardcheck.gating.slices import merge_reports, parse_shard
 from shardcheck.lifetime import free_when_done
+from shardcheck.wording import one_line
 
 
 @click.command()
@@ -117,8 +118,8 @@ def check(
     document = _document(result)
     if stream:
         for line in result.stale_lines():
-            click.echo(line)
-        click.echo(result.summary())
+            click.echo(one_line(line))
+        click.echo(one_line(result.summary()))
     else:
         click.echo(document, nl=False)
     if report is not None:  # --report '' is a path that cannot be written, not 'no report'
@@ -128,7 +129,7 @@ def check(
 
 def _echo_lines(result: ModelResult) -> None:
     for line in result.lines():
-        click.echo(line)
+        click.echo(one_line(line))
 
 
 def _document(result: CheckResult) -> str:
@@ -152,7 +153,7 @@ def _merge(paths: tuple[str, ...], output_format: str, report: str | None) -> in
         click.echo(document, nl=False)
     else:
         for line in merged["lines"]:
-            click.echo(line)
+            click.echo(one_line(line))
         statuses = [model["status"] for model in merged["models"]]
         click.echo(
             summary_line(statuses, len(merged["stale"]), len(merged["removed"]), merged["seconds"])

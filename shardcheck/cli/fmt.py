@@ -10,6 +10,7 @@ from shardcheck.cli.json_output import echo_json
 from shardcheck.errors import InputError
 from shardcheck.hints.codec import dumps, loads
 from shardcheck.hints.files import read_hints, read_text_input, write_hints
+from shardcheck.wording import one_line
 
 
 @click.command()
@@ -52,5 +53,9 @@ def _check(paths: tuple[str, ...], output_format: str, quiet: bool) -> int:
         echo_json({"ok": not unformatted, "checked": list(paths), "not_canonical": unformatted})
     elif not quiet:
         for path in unformatted:
-            click.echo(f"{path}: not in canonical form; 'shardcheck fmt {path} -o {path}' fixes it")
+            click.echo(
+                one_line(
+                    f"{path}: not in canonical form; 'shardcheck fmt {path} -o {path}' fixes it"
+                )
+            )
     return 1 if unformatted else 0

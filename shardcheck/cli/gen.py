@@ -22,6 +22,7 @@ from shardcheck.hints.files import write_hints
 from shardcheck.hints.model import REDUCE_OPS, ShardHints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.verification.findings import CODES
+from shardcheck.wording import one_line
 
 
 @click.command()
@@ -150,4 +151,4 @@ def _echo_plan_summary(index: GraphIndex, hints: ShardHints, nb_rank: int) -> No
 
     line = gen_summary(index, hints, nb_rank)
     if line is not None:
-        click.echo(f"shardcheck: {line}", err=True)
+        click.echo(f"shardcheck: {one_line(line)}", err=True)

@@ -16,6 +16,7 @@ from shardcheck.cli.arguments import (
 from shardcheck.cli.json_output import echo_json
 from shardcheck.cli.progress import Progress
 from shardcheck.simulation.simulate import SimulationResult, simulate
+from shardcheck.wording import one_line
 
 
 @click.command(name="simulate")
@@ -69,7 +70,7 @@ def simulate_command(
     if output_format == "json":
         echo_json(_result_json(model, hints, result))
     elif not (quiet and result.ok):
-        click.echo(result.summary())
+        click.echo(one_line(result.summary()))
     return 0 if result.ok else 1
 
 

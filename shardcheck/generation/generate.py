@@ -95,9 +95,13 @@ def _kv_axes(
             continue
         known = sorted({v for v in values if v is not None})
         if len(known) > 1:
-            groups = "; ".join(
-                f"{value} for {', '.join(_layers_with(layers, field_name, value))}"
-                for value in known
+            groups = (
+                _rank_groups(layers)
+                if field_name == "kv_rank"
+                else "; ".join(
+                    f"{value} for {', '.join(_layers_with(layers, field_name, value))}"
+                    for value in known
+                )
             )
             conflicts.append((field_name, groups))
         chosen.append(known[0] if known else None)
@@ -130,9 +134,20 @@ _OPTION_OF = {"k_seq_len_idx": "k-idx", "v_seq_len_idx": "v-idx", "kv_rank": "kv
 def _layers_with(layers: list[AttentionLayer], field_name: str, value: int) -> list[str]:
     if field_name == "k_seq_len_idx":
         return [layer.name for layer in layers if layer.k_axis == value]
-    if field_name == "v_seq_len_idx":
-        return [layer.name for layer in layers if layer.v_axis == value]
-    return [layer.name for layer in layers if value in (layer.k_rank, layer.v_rank)]
+    return [layer.name for layer in layers if layer.v_axis == value]
+
+
+def _rank_groups(layers: list[AttentionLayer]) -> str:
+    """The K/V ranks the layers need, each layer named once: ``3 for a, b; K 3 and V 4 for
+    c`` (a layer whose K and V ranks differ is a group of its own kind)."""
+    groups: dict[str, list[str]] = {}
+    for layer in layers:
+        ranks = {rank for rank in (layer.k_rank, layer.v_rank) if rank is not None}
+        if not ranks:
+            continue
+        key = str(ranks.pop()) if len(ranks) == 1 else f"K {layer.k_rank} and V {layer.v_rank}"
+        groups.setdefault(key, []).append(layer.name)
+    return "; ".join(f"{key} for {', '.join(names)}" for key, names in groups.items())
 
 
 def _graph_io(

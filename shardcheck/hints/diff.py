@@ -16,6 +16,7 @@ from deepdiff import DeepDiff
 
 from shardcheck.hints.codec import validated
 from shardcheck.hints.model import FusedAttention, ShardHints
+from shardcheck.wording import one_line
 
 KINDS = ("added", "removed", "changed")
 _KEYED_COLLECTIONS = {"inputs": "name", "outputs": "name", "attention_layers": "q"}
@@ -153,7 +154,7 @@ def _ignore_matcher(pattern: str) -> Any:
 
 
 def render_text(differences: Sequence[Difference]) -> str:
-    return "".join(f"{d.line()}\n" for d in differences)
+    return "".join(f"{one_line(d.line())}\n" for d in differences)
 
 
 def render_json(golden: str, candidate: str, differences: Sequence[Difference]) -> str:

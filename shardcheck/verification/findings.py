@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardcheck.wording import counted, listed
+from shardcheck.wording import counted, listed, one_line
 
 ERROR = "error"
 WARNING = "warning"
@@ -202,7 +202,8 @@ class Report:
         lines.append(
             f"{verdict}: {len(self.errors)} error(s), {len(self.warnings)} warning(s){note}"
         )
-        return "\n".join(lines) + "\n"
+        # One line each, whatever a tensor's or a key's name holds (a newline, an escape).
+        return "\n".join(one_line(line) for line in lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -6,6 +6,7 @@ onnxruntime runs (verify); exactness by the N-rank CP simulation against one dev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import pytest
 from conftest import FIXTURES, run_cli, simulated_lengths
 
 from shardcheck import GenOptions, generate, load_index, simulate, verify
+from shardcheck.analysis.detect import detect_attention
 from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.errors import AnalysisError
+from shardcheck.generation.generate import _kv_axes
 from shardcheck.runtime.sizes import graph_input_dims
 
 REAL = FIXTURES / "real"
@@ -207,3 +210,15 @@ def test_fused_multihead_attention_hints_make_cp_exact(tmp_path: Path) -> None:
     assert [(t["name"], t["seq_len_idx"]) for t in hints["outputs"]] == [("y", 1)]
     for ranks in (2, 4):
         assert simulate(model, out, ranks=ranks, seq_len=8).ok
+
+
+def test_a_layer_is_named_once_when_its_k_and_v_ranks_differ() -> None:
+    """A layer whose K has rank 3 and V rank 4 was named in two groups of one message
+    (``kv_rank (3 for m1; 4 for m1)``): it is one group, its K and V told apart."""
+    index = load_index(FIXTURES / "mixed_rank_attention.onnx")
+    flat, heads = detect_attention(index)
+    layers = [dataclasses.replace(flat, v_rank=4), heads]
+    with pytest.raises(AnalysisError) as caught:
+        _kv_axes(index, layers, GenOptions(k_idx=0, v_idx=0))
+    assert "kv_rank (K 3 and V 4 for flat_mm1; 4 for heads_mm1)" in caught.value.message
+    assert caught.value.message.count("flat_mm1") == 1
