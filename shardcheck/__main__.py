@@ -1,3 +1,5 @@
 from shardcheck.cli import main
 
-main()
+# Guarded: a spawned child process (runtime/supervised.py) imports this module again.
+if __name__ == "__main__":
+    main()

@@ -25,7 +25,8 @@ from shardcheck.cli.json_output import echo_error_json, errors_as_json, wants_js
 from shardcheck.cli.stops import Stopped, clean_up_on_signals, stopped_by
 from shardcheck.errors import ShardcheckError
 from shardcheck.lifetime import free_at_exit
-from shardcheck.wording import shown
+from shardcheck.runtime.supervised import end_process_when_overdue
+from shardcheck.wording import one_line, shown
 
 EXIT_OK = 0
 EXIT_INPUT_ERROR = 2  # findings and differences are 1: the commands return it
@@ -36,7 +37,7 @@ _STDOUT_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def error_line(message: str) -> None:
-    text = " ".join(str(message).split())
+    text = one_line(" ".join(str(message).split()))
     with contextlib.suppress(OSError):  # a closed stderr: the exit code still says it
         click.echo(f"shardcheck: error: {text}", err=True)
     with contextlib.suppress(OSError):  # a closed stdout: the exit code still says it
@@ -44,7 +45,7 @@ def error_line(message: str) -> None:
 
 
 def warning_line(message: str) -> None:
-    click.echo(f"shardcheck: warning: {' '.join(str(message).split())}", err=True)
+    click.echo(f"shardcheck: warning: {one_line(' '.join(str(message).split()))}", err=True)
 
 
 # Each command's module is imported when the command runs (or --help lists it): ``gen`` need
@@ -188,6 +189,16 @@ def cli(debug: bool) -> None:
     """Generate, verify and gate context-parallel shard hints for ONNX models."""
 
 
+def _end_overdue(message: str) -> None:
+    """A run past --timeout (a timer's thread): its error line, then the process ends, which
+    frees the run's memory; no file is being written while onnxruntime runs."""
+    error_line(message)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_INPUT_ERROR)
+
+
 def main() -> None:
     """The console command. It leaves without the interpreter's teardown: onnxruntime may
     still be making a session in a background thread (verify's, or a simulation's that will
@@ -201,6 +212,7 @@ def main() -> None:
     gc.disable()
     free_at_exit()
     clean_up_on_signals()
+    end_process_when_overdue(_end_overdue)
     code = cli.main(standalone_mode=False)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (| head) says no more

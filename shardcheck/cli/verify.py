@@ -14,6 +14,7 @@ from shardcheck.cli.arguments import (
     tolerance_options,
 )
 from shardcheck.cli.progress import Progress
+from shardcheck.runtime.supervised import runs_bounded
 from shardcheck.verification.findings import CODES
 from shardcheck.verification.verify import DEFAULT_SEQ_LENS, verify
 from shardcheck.wording import shown
@@ -74,7 +75,8 @@ def verify_command(
 ) -> int:
     """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding (or a
     warning, with --strict)."""
-    with Progress(enabled=not quiet) as progress:
+    # Past --timeout and its grace, the console command ends (runtime/supervised.py).
+    with Progress(enabled=not quiet) as progress, runs_bounded(timeout, model):
         progress(f"checking {hints} against {model}...")
         report = verify(
             model,

@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from shardcheck.analysis.elem_types import infer_elem_types
 from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.sessions import make_session, onnxruntime_errors
+from shardcheck.runtime.supervised import watched_run
 from shardcheck.sharding.rewrite import COLLECTIVE_OP
 from shardcheck.simulation.plan import Stage, stage_model
 from shardcheck.simulation.stage_forms import stage_form
@@ -238,7 +239,8 @@ class StageSessions:
             try:
                 for name, to in zip(stage.lifted, leader.lifted, strict=True):
                     shared[to] = self.lifted_value(name)
-                return session.run(leader.outputs, shared)
+                with watched_run("a run of the CP simulation"):
+                    return session.run(leader.outputs, shared)
             except (*onnxruntime_errors(), OSError, ValueError):
                 pass
         # On its own from now on; a leader's names still serve the other stages of its form.

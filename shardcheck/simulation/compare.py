@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from shardcheck.graph.ops import SHAPE_OPS
 from shardcheck.runtime.sessions import run_model
+from shardcheck.runtime.supervised import watched_run
 from shardcheck.simulation.plan import untyped_output
 from shardcheck.simulation.rank_values import RankFailure, RankValues
 from shardcheck.simulation.simulator import RankSimulator
@@ -193,7 +194,8 @@ def _all_single_device_values(
     declared = {output.name for output in inner.graph.output}
     names = [name for node in inner.graph.node for name in node.output if name]
     inner.graph.output.extend(untyped_output(name) for name in names if name not in declared)
-    values = run_model(inner, feeds, weights_dir=weights_dir)
+    with watched_run("the single-device run that finds where the ranks differ"):
+        values = run_model(inner, feeds, weights_dir=weights_dir)
     values.update(feeds)
     base_dir = "" if weights_dir is None else str(weights_dir)
     values.update(

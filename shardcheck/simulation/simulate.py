@@ -33,6 +33,7 @@ from shardcheck.runtime.memory import refuse_oversized_run, refuse_oversized_wei
 from shardcheck.runtime.sessions import error_text, make_session, onnxruntime_errors
 from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_run_settings
 from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
+from shardcheck.runtime.supervised import watched_run
 from shardcheck.sharding.rewrite import shard_model
 from shardcheck.simulation.collectives import refuse_bad_group
 from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
@@ -350,7 +351,8 @@ class Simulation:
                     if making is not None
                     else make_session(self.model, self.weights_dir)
                 )
-            values = self._single_device.run(names, dict(feeds))
+            with watched_run("the simulation's single-device run"):
+                values = self._single_device.run(names, dict(feeds))
         except onnxruntime_errors() as error:
             chosen = ", ".join(f"{name}={value}" for name, value in dims.items()) or "none"
             raise InputError(

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from shardcheck.runtime.sessions import error_text, failed_node, onnxruntime_errors
+from shardcheck.runtime.supervised import watched_run
 from shardcheck.sharding.rewrite import COLLECTIVE_OP, ShardedModel
 from shardcheck.simulation.ahead import AHEAD_WORKERS, StageSessions
 from shardcheck.simulation.collectives import (
@@ -25,6 +26,9 @@ from shardcheck.simulation.collectives import (
 from shardcheck.simulation.fused_attention import FusedAttentionStep, run_fused_attention
 from shardcheck.simulation.plan import Stage, downstream, plan_steps, toposorted
 from shardcheck.simulation.rank_values import RankFailure, RankValues
+
+# What a timeout's message calls a run of a stage (runtime/supervised.py).
+_RUN_LABEL = "a run of the CP simulation"
 
 
 class RankSimulator:
@@ -160,7 +164,8 @@ class RankSimulator:
                     return dict(zip(outputs, shared, strict=True))
             session = self.sessions.session(stage, removed, diagnostic, feeds, outputs)
             self.session_runs += 1
-            values = session.run(outputs, feeds)
+            with watched_run(_RUN_LABEL):
+                values = session.run(outputs, feeds)
         except onnxruntime_errors() as error:
             message = str(error)
             # An empty name (a subgraph's unnamed node) names no node of the stage.

@@ -16,6 +16,7 @@ from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import check_weight_files, weights_dir
 from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.sessions import RunTimedOut, error_text, make_session, run_session
+from shardcheck.runtime.supervised import watched_run
 
 Progress = Callable[[str], None]
 # onnxruntime's messages can run to a dump of the graph; a finding quotes the start.
@@ -83,9 +84,10 @@ class WatchedSession:
             else functools.partial(progress, f"running onnxruntime at sequence length {length}...")
         )
         try:
-            values = run_session(
-                self._session, self.outputs, feeds, timeout=timeout, on_slow=on_slow
-            )
+            with watched_run(f"sequence length {length}"):
+                values = run_session(
+                    self._session, self.outputs, feeds, timeout=timeout, on_slow=on_slow
+                )
         except RunTimedOut:
             raise InputError(
                 f"{self.source}: onnxruntime did not finish within --timeout {timeout} s "

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardcheck.analysis.detect import (
     AttentionLayer,
@@ -38,6 +39,7 @@ from shardcheck.runtime.settings import (
     refuse_bad_tolerances,
 )
 from shardcheck.runtime.sizes import default_dim, refuse_bad_user_dims, resolve_dims
+from shardcheck.runtime.supervised import run_supervised, send_progress
 from shardcheck.simulation.simulate import (
     ReferenceRun,
     Simulation,
@@ -54,6 +56,31 @@ from shardcheck.wording import counted, listed
 
 # Its analysis makes many small objects and no cycles; the collector only walked them again
 # and again.
+def verify_in_child(
+    model_path: str | os.PathLike[str],
+    hints: ShardHints | str | os.PathLike[str],
+    *,
+    timeout: float,
+    progress: Progress | None = None,
+    **options: Any,
+) -> Report:
+    """``verify`` with its ``timeout`` enforced even on one long kernel, which onnxruntime's
+    own stop (between nodes) lets run to its end: made in a child process that is killed
+    past it (runtime/supervised.py), the memory of its runs freed. For callers whose process
+    must go on (the gate, the pytest plugin); it costs the start of that process."""
+    refuse_bad_timeout(timeout)
+    arguments = {
+        "model_path": model_path,
+        "hints": hints,
+        "timeout": timeout,
+        "progress": send_progress if progress is not None else None,
+        **options,
+    }
+    return run_supervised(
+        verify, arguments, timeout=timeout, source=str(model_path), progress=progress
+    )
+
+
 @gc_paused()
 def verify(
     model_path: str | os.PathLike[str],
