@@ -26,10 +26,13 @@ def why_unreadable(path: str | os.PathLike[str], what: str) -> str | None:
     """Why ``path`` names nothing to read as ``what`` ("no such file", "is a directory, ..."),
     or None. The caller raises its own error with it, after the path."""
     file = Path(path)
-    if not file.exists():
-        return "no such file"
-    if file.is_dir():
-        return f"is a directory, expected {what}"
+    try:
+        if not file.exists():
+            return "no such file"
+        if file.is_dir():
+            return f"is a directory, expected {what}"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        return f"cannot be read: {getattr(exc, 'strerror', None) or exc}"
     return None
 
 

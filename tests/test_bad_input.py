@@ -162,6 +162,7 @@ CORPUS: list[Entry] = [
     # --- any kind of file
     Entry("missing-file", _missing, _everywhere("no such file")),
     Entry("directory", _directory, _everywhere("directory")),
+    Entry("name-too-long", lambda d: d / ("n" * 300 + ".onnx"), _everywhere("File name too long")),
     Entry("empty-file", _write("empty.onnx", b""), {"model": "empty file", "hints": "empty"}),
     Entry("whitespace-only", _write("blank.json", " \n\t\n"), {"hints": "empty file"}),
     # A device is no file: not "empty file".
