@@ -143,3 +143,23 @@ def test_xdist_gives_the_results_of_a_serial_run(pytester: pytest.Pytester, upda
         ]
     else:
         assert "stale golden: test_models/test_gone.json" in shardcheck_section(serial)[-1]
+
+
+def test_a_basename_with_a_directory_is_refused(pytester: pytest.Pytester) -> None:
+    model = pytester.path / "attention_head.onnx"
+    shutil.copy(FIXTURES / "attention_head.onnx", model)
+    pytester.makepyfile(
+        test_escape=f"""
+        def test_up(shard_hints_regression):
+            shard_hints_regression.check({str(model)!r}, basename="../outside")
+        """
+    )
+
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*check(basename='../outside'): expected a file name without a directory*"]
+    )
+    assert not (pytester.path / "outside.json").exists()
+    assert not list(pytester.path.rglob("*.json"))
