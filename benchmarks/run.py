@@ -278,9 +278,7 @@ class Launcher:
 
 
 def gen_command(model: Path, output: Path) -> list[str]:
-    # -q: without the plan's summary line, work Polygraphy's shard-hints does not do
-    # (docs/performance.md, "The plan's summary line").
-    return [sys.executable, "-m", "shardcheck", "gen", str(model), "-q", "-o", str(output)]
+    return [sys.executable, "-m", "shardcheck", "gen", str(model), "-o", str(output)]
 
 
 def polygraphy_command(polygraphy: str, model: Path, output: Path) -> list[str]:

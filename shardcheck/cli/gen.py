@@ -83,6 +83,13 @@ from shardcheck.wording import one_line
     "frontier: the tensors that make CP exact (position tables and masks computed whole, "
     "then scattered); graph: graph inputs and outputs only, as Polygraphy suggests them.",
 )
+@click.option(
+    "--plan",
+    "show_plan",
+    is_flag=True,
+    help="Also print the plan's one-line summary on stderr (what 'shardcheck explain' counts; "
+    "it shards the model to count it, which on a large graph costs more than gen itself).",
+)
 @FORMAT_OPTION
 @QUIET_OPTION
 @codes_option(CODES, "the warnings")
@@ -92,6 +99,7 @@ def gen(
     output_format: str,
     quiet: bool,
     ignore: tuple[str, ...],
+    show_plan: bool,
     **options: object,
 ) -> int:
     """Write shard hints for MODEL (an ONNX file) to OUTPUT. Its warnings go to stderr, each
@@ -133,7 +141,7 @@ def gen(
                 named = code is None or f"({code})" in warning
                 warning_line(warning if named else f"{warning} [{code}]")
         write_hints(output, result.hints)
-        if not quiet and gen_options.compat != "polygraphy":
+        if show_plan and not quiet and gen_options.compat != "polygraphy":
             _echo_plan_summary(index, result.hints, gen_options.nb_rank)
     keep_until_exit(parsed, index)
     return 0

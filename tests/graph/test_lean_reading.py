@@ -29,12 +29,11 @@ def assert_prints_ok(code: str) -> None:
 
 def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
     # One process for all models: each gen must leave both unimported in the process itself
-    # (the checker's child process imports onnx; that is its own). -q: without the plan's
-    # summary line, which shards the model (planning/) after the hints are written.
+    # (the checker's child process imports onnx; that is its own).
     code = (
         "import sys; from shardcheck.cli import cli\n"
         f"for model in {[str(m) for m in FIXTURE_MODELS]!r}:\n"
-        f"    cli.main(['gen', model, '-q', '-o', {str(tmp_path / 'h.json')!r}], "
+        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}], "
         "standalone_mode=False)\n"
         "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
         "print('ok')\n"

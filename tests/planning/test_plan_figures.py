@@ -201,3 +201,15 @@ def test_explain_a_fixed_length_model_at_another_length_is_refused() -> None:
     assert "runs at this length only: give --ranks a divisor of it" in at_its_length.stderr
     whisper = run_cli("explain", REAL / "ts_whisper_encoder.onnx", "--format", "json")
     assert whisper.exit_code == 0 and json.loads(whisper.stdout)["plan"]["seq_len"] == 8
+
+
+def test_gen_prints_the_plan_line_only_when_asked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Counting the plan shards the model again: gen leaves it out unless --plan asks for it.
+    model = REAL / "ts_sdpa.onnx"
+    plain = run_cli("gen", model, "-o", tmp_path / "a.json")
+    asked = run_cli("gen", model, "--plan", "-o", tmp_path / "b.json")
+    assert plain.exit_code == asked.exit_code == 0
+    assert "of FLOPs on slices" not in plain.stderr
+    (line,) = [x for x in asked.stderr.splitlines() if "of FLOPs on slices" in x]
+    assert line.startswith(f"shardcheck: {model}: plan at length ")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
