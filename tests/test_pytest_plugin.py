@@ -426,3 +426,17 @@ def test_tests_that_name_one_golden_on_purpose_share_it(pytester: pytest.Pyteste
     )
     run(pytester).assert_outcomes(passed=1, failed=1)  # the first run creates the golden
     run(pytester).assert_outcomes(passed=2)
+
+
+def test_a_verify_item_past_its_timeout_is_a_clean_failure(pytester: pytest.Pytester) -> None:
+    manifest = make_project(pytester.path, ("attention_head",), verify=("attention_head",))
+    # The manifest's timeout bounds each onnxruntime run of the item's verify (in a child).
+    manifest.write_text(
+        manifest.read_text().replace("[tool.shardcheck]\n", "[tool.shardcheck]\ntimeout = 1e-9\n")
+    )
+
+    result = run(pytester, "--shardcheck", "-k", "verify")
+
+    result.assert_outcomes(failed=1, deselected=2)
+    output = result.stdout.str()
+    assert "timeout" in output and "Traceback" not in output

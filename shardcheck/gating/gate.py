@@ -323,9 +323,11 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
     )
 
 
-def verify_model(entry: ModelEntry) -> VerifyOutcome:
-    """Generate ``entry``'s hints and verify them; InputError if the model is unusable."""
-    return run_verify(entry, generate(load_index(entry.model_path), entry.gen).hints)
+def verify_model(entry: ModelEntry, *, in_child: bool = False) -> VerifyOutcome:
+    """Generate ``entry``'s hints and verify them; InputError if the model is unusable.
+    ``in_child``: as ``run_verify``."""
+    hints = generate(load_index(entry.model_path), entry.gen).hints
+    return run_verify(entry, hints, in_child=in_child)
 
 
 def compare_with_golden(
@@ -401,9 +403,13 @@ def looks_like_a_golden(manifest: Manifest, path: Path) -> bool:
     return not any(part.startswith(".") for part in parts)
 
 
-def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:
-    """The one place that calls verify (imported only when asked for)."""
-    verify_hints = _load_verify()
+def run_verify(entry: ModelEntry, hints: ShardHints, *, in_child: bool = False) -> VerifyOutcome:
+    """The one place that calls verify (imported only when asked for). ``in_child``: in a
+    child process killed past the entry's timeout, even within one long kernel (the pytest
+    plugin's process must go on); it costs the start of that process, so check, which runs
+    many models, verifies in its own process, each run stopped by onnxruntime past the
+    timeout."""
+    verify_hints = _load_verify("verify_in_child" if in_child else "verify")
     settings: dict[str, Any] = {}
     if entry.ranks is not None:
         settings["ranks"] = entry.ranks
@@ -422,7 +428,7 @@ def run_verify(entry: ModelEntry, hints: ShardHints) -> VerifyOutcome:
     return VerifyOutcome(ok=bool(report.ok), text=report.render_text(), report=report.to_json())
 
 
-def _load_verify() -> Callable[..., Any]:
+def _load_verify(function: str = "verify") -> Callable[..., Any]:
     try:
         module = importlib.import_module("shardcheck.verification.verify")
     except ModuleNotFoundError as exc:
@@ -432,7 +438,7 @@ def _load_verify() -> Callable[..., Any]:
             f"verify is not available: it needs the Python module {exc.name!r}, "
             "which is not installed"
         ) from None
-    return module.verify
+    return getattr(module, function)
 
 
 def _status_word(status: str) -> str:
