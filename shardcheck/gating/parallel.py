@@ -11,7 +11,6 @@ refuses it if it must. Nothing is oversubscribed.
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 import threading
@@ -46,7 +45,7 @@ def check_models(
     budget = available_bytes()
     context = _context()
     done: dict[int, ModelResult] = {}
-    running: dict[Future[_Sent], int] = {}
+    running: dict[Future[ModelResult], int] = {}
     submitted = shown = 0
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         while shown < len(entries):
@@ -56,7 +55,7 @@ def check_models(
                 if running and not fits:
                     break  # wait for memory: the model runs once enough is free, or alone
                 future = pool.submit(
-                    _check_in_worker, entries[submitted], update=update, verify=verify
+                    check_isolated, entries[submitted], update=update, verify=verify
                 )
                 running[future] = submitted
                 submitted += 1
@@ -67,17 +66,6 @@ def check_models(
             while shown in done:
                 yield done.pop(shown)
                 shown += 1
-
-
-_Sent = tuple[ModelResult, tuple[tuple[str | None, str], ...]]
-
-
-def _check_in_worker(entry: ModelEntry, *, update: bool, verify: bool) -> _Sent:
-    """``check_isolated`` in a worker; gen's warnings are sent as (code, text), since a str
-    that carries a code does not pickle as one."""
-    result = check_isolated(entry, update=update, verify=verify)
-    sent = tuple((getattr(warning, "code", None), str(warning)) for warning in result.warnings)
-    return dataclasses.replace(result, warnings=()), sent
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -92,13 +80,9 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
 
 
-def _result(future: Future[_Sent], entry: ModelEntry) -> ModelResult:
-    from shardcheck.generation.messages import Warned
-
+def _result(future: Future[ModelResult], entry: ModelEntry) -> ModelResult:
     try:
-        result, sent = future.result()
-        warnings = tuple(text if code is None else Warned(code, text) for code, text in sent)
-        return dataclasses.replace(result, warnings=warnings)
+        return future.result()
     except Exception as exc:  # the worker died (killed, out of memory): that model fails
         return ModelResult(
             entry, error=f"the worker process checking it failed: {type(exc).__name__}: {exc}"
