@@ -97,13 +97,7 @@ def test_nothing_is_collected_without_the_option(pytester: pytest.Pytester) -> N
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
-def test_manifest_in_pyproject_next_to_tests(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A test module that imported this suite as the package "tests" (from tests.conftest ...)
-    # would shadow the inner project's own "tests" package in this in-process run.
-    for name in [name for name in sys.modules if name == "tests" or name.startswith("tests.")]:
-        monkeypatch.delitem(sys.modules, name)
+def test_manifest_in_pyproject_next_to_tests(pytester: pytest.Pytester) -> None:
     make_project(pytester.path, ("attention",), manifest_name="pyproject.toml")
     with (pytester.path / "pyproject.toml").open("a") as stream:
         stream.write('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')

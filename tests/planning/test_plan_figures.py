@@ -11,13 +11,13 @@ import json
 
 import onnx
 import pytest
+from conftest import FIXTURES, run_cli
 from onnx import numpy_helper
 
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
 from shardcheck.planning.plan import make_plan
-from tests.conftest import FIXTURES, run_cli
 
 REAL = FIXTURES / "real"
 S = 64

@@ -6,8 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
+from conftest import FIXTURES, run_cli
+
 from shardcheck.hints.files import read_hints
-from tests.conftest import FIXTURES, run_cli
 
 REAL = FIXTURES / "real"
 

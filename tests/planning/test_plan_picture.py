@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import FIXTURES, run_cli
 from onnx import TensorProto, helper
-
-from tests.conftest import FIXTURES, run_cli
 
 REAL = FIXTURES / "real"
 SCREEN = (1280, 800)
