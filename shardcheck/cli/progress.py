@@ -1,8 +1,10 @@
 """Progress on stderr for the commands that can run long (simulate, verify).
 
 Nothing is shown in a command's first second: a quick run prints no progress at all. After it,
-the current step is shown: on a terminal as one line updated in place with the seconds spent,
-elsewhere (a CI log) as one line per step. stdout, where --format json goes, is never written.
+the current step is shown on a terminal, as one line updated in place with the seconds spent
+and cleared when the command is done, so that an error is still the one line left on stderr.
+Elsewhere (a CI log) nothing is shown: a line per step would stay, and an error after it would
+no longer be stderr's one line. stdout, where --format json goes, is never written.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ class Progress:
         self._enabled = enabled
         self._started = time.monotonic()
         self._step = ""
-        self._printed = ""  # the step last shown
         self._drawn = False  # a terminal line is on screen
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -36,7 +37,7 @@ class Progress:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Progress:
-        if self._enabled:
+        if self._enabled and self._terminal:
             self._thread = threading.Thread(target=self._watch, name="shardcheck-progress")
             self._thread.daemon = True
             self._thread.start()
@@ -60,7 +61,7 @@ class Progress:
         """Now doing ``step`` (shown as ``shardcheck: STEP``)."""
         with self._lock:
             self._step = step
-        if self._enabled and time.monotonic() - self._started >= QUIET_SECONDS:
+        if self._enabled and self._terminal and time.monotonic() - self._started >= QUIET_SECONDS:
             self._show()
 
     def _watch(self) -> None:
@@ -76,13 +77,9 @@ class Progress:
         with self._lock:
             if not self._step or self._done.is_set():
                 return
-            if self._terminal:
-                seconds = int(time.monotonic() - self._started)
-                click.echo(f"\r\033[Kshardcheck: {self._step} {seconds} s", nl=False, err=True)
-                self._drawn = True
-            elif self._step != self._printed:
-                click.echo(f"shardcheck: {self._step}", err=True)
-            self._printed = self._step
+            seconds = int(time.monotonic() - self._started)
+            click.echo(f"\r\033[Kshardcheck: {self._step} {seconds} s", nl=False, err=True)
+            self._drawn = True
 
 
 def _is_terminal() -> bool:

@@ -159,9 +159,12 @@ def test_progress_goes_to_stderr_only_and_quiet_silences_it(
 ) -> None:
     from shardcheck.cli import progress
 
-    # Shown from the start instead of after a second (what is shown is the point, not when).
+    # Shown from the start instead of after a second (what is shown is the point, not when),
+    # as on a terminal: elsewhere nothing is shown.
     monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     args = ("simulate", GPT2, GPT2_HINTS, "--ranks", "2", "--seq-len", "8")
+    assert run_cli(*args).stderr == ""
+    monkeypatch.setattr(progress, "_is_terminal", lambda: True)
     result = run_cli(*args, "--format", "json")
     assert result.exit_code == 0
     assert "shardcheck: simulating CP on 2 ranks at sequence length 8..." in result.stderr
