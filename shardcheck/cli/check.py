@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -9,13 +10,20 @@ from pathlib import Path
 
 import click
 
-from shardcheck.cli.arguments import FORMAT_OPTION
+from shardcheck.cli.arguments import FORMAT_OPTION, QUIET_OPTION, codes_option
 from shardcheck.errors import InputError, OutputError, ShardcheckError
 from shardcheck.fsio import atomic_write_text, output_target, same_file
-from shardcheck.gating.gate import CheckResult, ModelResult, looks_like_a_golden, run_check
+from shardcheck.gating.gate import (
+    WARNED,
+    CheckResult,
+    ModelResult,
+    looks_like_a_golden,
+    run_check,
+)
 from shardcheck.gating.manifest import Manifest, find_manifest, load_manifest
 from shardcheck.gating.slices import merge_reports, parse_shard
 from shardcheck.lifetime import free_when_done
+from shardcheck.verification.findings import CODES
 from shardcheck.wording import one_line
 
 
@@ -57,6 +65,8 @@ from shardcheck.wording import one_line
     help="Merge the --report files of the N slices (repeat it) into the whole run's report.",
 )
 @FORMAT_OPTION
+@QUIET_OPTION
+@codes_option(CODES, "gen's warnings")
 @click.option("--report", metavar="FILE", help="Also write the JSON report here.")
 def check(
     manifest: str | None,
@@ -67,6 +77,8 @@ def check(
     shard: str | None,
     merge: tuple[str, ...],
     output_format: str,
+    quiet: bool,
+    ignore: tuple[str, ...],
     report: str | None,
 ) -> int:
     """Regenerate every model's hints and compare them with its golden.
@@ -113,7 +125,8 @@ def check(
         strict=strict,
         jobs=jobs,
         shard=slice_,
-        on_result=_echo_lines if stream else None,
+        ignore=ignore,
+        on_result=(_echo_failures if quiet else _echo_lines) if stream else None,
     )
     document = _document(result)
     if stream:
@@ -130,6 +143,16 @@ def check(
 def _echo_lines(result: ModelResult) -> None:
     for line in result.lines():
         click.echo(one_line(line))
+
+
+def _echo_failures(result: ModelResult) -> None:
+    """-q: a model that passes says nothing; one that fails says why, without gen's warnings
+    unless they are what fails it (strict)."""
+    if result.ok:
+        return
+    if result.status != WARNED:
+        result = dataclasses.replace(result, warnings=())
+    _echo_lines(result)
 
 
 def _document(result: CheckResult) -> str:

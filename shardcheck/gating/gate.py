@@ -11,7 +11,7 @@ import dataclasses
 import importlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from shardcheck.fsio import atomic_write_text
 from shardcheck.gating.golden_files import may_replace, not_a_regular_file, remove_stale
 from shardcheck.gating.manifest import Manifest, ModelEntry
 from shardcheck.generation.generate import generate
+from shardcheck.generation.messages import code_of
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.codec import dumps
 from shardcheck.hints.diff import Difference, diff_hints
@@ -234,12 +235,14 @@ def run_check(
     strict: bool = False,
     jobs: int = 1,
     shard: tuple[int, int] | None = None,
+    ignore: Collection[str] = (),
     on_result: Callable[[ModelResult], object] | None = None,
 ) -> CheckResult:
     """Check every model of ``manifest`` (of its slice ``shard``, (K, N)); one model's failure
     never stops the others. ``strict``: gen's warnings fail every model, as the manifest's
-    ``strict`` key does. ``jobs``: processes to spread the models over. ``on_result`` is called
-    with each model's result as soon as it and those before it in the manifest are done."""
+    ``strict`` key does; ``ignore``: the codes of gen's warnings left out (they neither show
+    nor fail). ``jobs``: processes to spread the models over. ``on_result`` is called with each
+    model's result as soon as it and those before it in the manifest are done."""
     from shardcheck.gating.parallel import check_models
     from shardcheck.gating.slices import shard_models
 
@@ -251,6 +254,9 @@ def run_check(
         entries = tuple(dataclasses.replace(entry, strict=True) for entry in entries)
     results = []
     for result in check_models(entries, update=update, verify=verify, jobs=jobs):
+        if ignore:
+            kept = tuple(w for w in result.warnings if code_of(w) not in ignore)
+            result = dataclasses.replace(result, warnings=kept)
         results.append(result)
         if on_result is not None:
             on_result(result)

@@ -250,3 +250,37 @@ def test_merge_refuses_reports_that_are_not_the_slices_of_one_run(tmp_path: Path
     assert with_update.exit_code == 2 and with_update.stderr.startswith(
         "shardcheck: error: --merge:"
     )
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ignore_leaves_a_code_of_gen_out_and_strict_then_passes(tmp_path: Path, jobs: str) -> None:
+    # multi_attention's one warning is SC304 (the ranks of its second layer are unknown).
+    manifest = make_project(tmp_path)
+    args = ("check", "--manifest", manifest, "--jobs", jobs, "--strict")
+
+    warned = run_cli(*args)
+    ignored = run_cli(*args, "--ignore", "SC304")
+
+    assert warned.exit_code == 1 and "WARNED   multi_attention" in warned.stdout
+    assert ignored.exit_code == 0, ignored.stdout
+    assert model_lines(ignored.stdout) == [
+        "ok       attention",
+        "ok       attention_head",
+        "ok       multi_attention",
+    ]
+    assert run_cli(*args, "--ignore", "SC999").exit_code == 2  # not a code
+
+
+def test_quiet_shows_only_what_fails_then_the_summary(tmp_path: Path) -> None:
+    manifest = make_project(tmp_path)
+    passing = run_cli("check", "--manifest", manifest, "--jobs", "1", "-q")
+    assert passing.exit_code == 0
+    assert model_lines(passing.stdout) == []  # multi_attention's warning left out too
+    assert passing.stdout.splitlines()[-1].startswith("3 models: 3 ok (")
+
+    drift(tmp_path / "golden" / "attention.json")
+    failing = run_cli("check", "--manifest", manifest, "--jobs", "1", "-q")
+    assert failing.exit_code == 1
+    lines = model_lines(failing.stdout)
+    assert lines[0].startswith("DIFFERS  attention")
+    assert not any("warning" in line for line in lines)
