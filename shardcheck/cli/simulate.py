@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from shardcheck.cli.arguments import (
-    DIM_SETTING,
+    DIM_OPTION,
     FORMAT_OPTION,
     QUIET_OPTION,
     dims_mapping,
@@ -29,13 +29,7 @@ from shardcheck.wording import one_line
     required=True,
     help="Sequence length (a multiple of --ranks).",
 )
-@click.option(
-    "--dim",
-    "dims",
-    type=DIM_SETTING,
-    multiple=True,
-    help="Value of a symbolic dim (repeatable); batch-like dims default to 1, others to 2.",
-)
+@DIM_OPTION
 @tolerance_options()
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @FORMAT_OPTION
@@ -43,30 +37,22 @@ from shardcheck.wording import one_line
 def simulate_command(
     model: str,
     hints: str,
-    ranks: int,
-    seq_len: int,
     dims: tuple[tuple[str, int], ...],
-    rtol: float,
-    atol: float,
-    seed: int,
     output_format: str,
     quiet: bool,
+    **settings: Any,
 ) -> int:
     """Shard MODEL with HINTS, run it on N simulated ranks (onnxruntime, CPU) and compare the
     outputs with the single-device run. Exit 0: they match; 1: they differ (the first tensor
     that differs is named); 2: bad input."""
+    # The options named like simulate's keywords (ranks, seq_len, rtol, atol, seed) are handed
+    # on as they are.
     with Progress(enabled=not quiet) as progress:
-        progress(f"simulating CP on {ranks} ranks at sequence length {seq_len}...")
-        result = simulate(
-            model,
-            hints,
-            ranks=ranks,
-            seq_len=seq_len,
-            dims=dims_mapping(dims),
-            rtol=rtol,
-            atol=atol,
-            seed=seed,
+        progress(
+            f"simulating CP on {settings['ranks']} ranks at sequence length "
+            f"{settings['seq_len']}..."
         )
+        result = simulate(model, hints, dims=dims_mapping(dims), **settings)
     if output_format == "json":
         echo_json(_result_json(model, hints, result))
     elif not (quiet and result.ok):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from shardcheck.cli.arguments import (
@@ -61,35 +63,21 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
 def verify_command(
     model: str,
     hints: str,
-    seq_lens: tuple[int, ...],
     dims: tuple[tuple[str, int], ...],
-    ranks: int | None,
-    rtol: float,
-    atol: float,
-    timeout: float | None,
-    seed: int,
     output_format: str,
     quiet: bool,
     ignore: tuple[str, ...],
     strict: bool,
+    **settings: Any,
 ) -> int:
     """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding (or a
     warning, with --strict)."""
-    # Past --timeout and its grace, the console command ends (runtime/supervised.py).
-    with Progress(enabled=not quiet) as progress, runs_bounded(timeout, model):
+    # The options named like verify's keywords (seq_lens, ranks, rtol, atol, timeout, seed)
+    # are handed on as they are. Past --timeout and its grace, the console command ends
+    # (runtime/supervised.py).
+    with Progress(enabled=not quiet) as progress, runs_bounded(settings["timeout"], model):
         progress(f"checking {hints} against {model}...")
-        report = verify(
-            model,
-            hints,
-            seq_lens=seq_lens,
-            dims=dims_mapping(dims),
-            ranks=ranks,
-            rtol=rtol,
-            atol=atol,
-            timeout=timeout,
-            seed=seed,
-            progress=progress,
-        )
+        report = verify(model, hints, dims=dims_mapping(dims), progress=progress, **settings)
     report = report.judged(strict=strict, ignore=ignore, quiet=quiet)
     text = report.render_json() if output_format == "json" else report.render_text()
     click.echo(text, nl=False)

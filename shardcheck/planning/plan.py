@@ -76,6 +76,9 @@ class LayerPlan:
 
 @dataclass(frozen=True)
 class Plan:
+    """What the hints make each of ``ranks`` ranks compute at ``seq_len`` (``dims``: every
+    symbolic dim's size), against one device: the FLOPs by class, memory, traffic, layers."""
+
     model: str
     seq_len: int
     ranks: int
