@@ -436,7 +436,7 @@ def test_a_verify_item_past_its_timeout_is_a_clean_failure(pytester: pytest.Pyte
         ],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["seq", "seq"])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, pytester.path / "long.onnx")
     (pytester.path / "long.json").write_text(
         dumps(generate(load_index(pytester.path / "long.onnx"), GenOptions()).hints)
