@@ -307,7 +307,7 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
         generated = generate(index, entry.gen)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message)
-    outcome = run_verify(entry, generated.hints) if verify and entry.verify else None
+    outcome = run_verify(entry, generated.hints, in_child=True) if verify and entry.verify else None
     # Hints that fail verify are not made the golden, --update or not.
     held_back = update and outcome is not None and not outcome.ok
     try:
@@ -411,10 +411,9 @@ def looks_like_a_golden(manifest: Manifest, path: Path) -> bool:
 
 def run_verify(entry: ModelEntry, hints: ShardHints, *, in_child: bool = False) -> VerifyOutcome:
     """The one place that calls verify (imported only when asked for). ``in_child``: in a
-    child process killed past the entry's timeout, even within one long kernel (the pytest
-    plugin's process must go on); it costs the start of that process, so check, which runs
-    many models, verifies in its own process, each run stopped by onnxruntime past the
-    timeout."""
+    child process killed past the entry's timeout, even within one long kernel, as check and
+    the pytest plugin verify (their process must go on to the next model); the child is
+    forked where that is safe, so it costs little (runtime/supervised.py)."""
     verify_hints = _load_verify("verify_in_child" if in_child else "verify")
     settings: dict[str, Any] = {}
     if entry.ranks is not None:

@@ -31,6 +31,15 @@ class RunTimedOut(Exception):
     """onnxruntime stopped a run because its ``timeout`` was up."""
 
 
+_made_a_session = False  # whether this process has made an onnxruntime session
+
+
+def made_a_session() -> bool:
+    """Whether this process has made an onnxruntime session: it may then hold onnxruntime's
+    state (its environment, its locks), which a forked child would inherit half-made."""
+    return _made_a_session
+
+
 def make_session(
     model: onnx.ModelProto | bytes, weights_dir: str | os.PathLike[str] | None = None
 ) -> onnxruntime.InferenceSession:
@@ -62,6 +71,8 @@ def make_session(
             str(Path(weights_dir).resolve()),
         )
     serialized = model if isinstance(model, bytes) else model.SerializeToString()
+    global _made_a_session
+    _made_a_session = True
     return onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
 
 

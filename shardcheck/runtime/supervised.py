@@ -7,8 +7,11 @@ tells its parent when each run starts and ends (``watched_run``). When a run has
 timeout and GRACE_SECONDS more, the parent kills the child, which frees all its memory, and
 raises the timeout's error. What the child raises or returns comes back as it is.
 
-The child is spawned, not forked: a process with onnxruntime's threads (pytest's, the
-plugin's) cannot be forked safely. It costs the startup of a Python process with onnxruntime.
+The child is forked where that is safe: in a process that has no other thread and has made
+no onnxruntime session (``check``'s, which makes its runs in children only), so that one child
+per model costs little. Elsewhere (pytest's process, the plugin's) it is spawned: a process
+with onnxruntime's state or threads cannot be forked safely, and a spawned child costs the
+startup of a Python process with onnxruntime.
 
 The console command needs no child: its process may end. There ``runs_bounded`` gives the
 bound of the runs, and past it (and the grace) ``end_process_when_overdue``'s callback says so
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardcheck.errors import AnalysisError, InputError, ShardcheckError
 
 if TYPE_CHECKING:  # multiprocessing is imported when a child is made: not by every command
+    import multiprocessing.context
     from multiprocessing.connection import Connection
 
 T = TypeVar("T")
@@ -127,9 +131,7 @@ def run_supervised(
     """``function(**kwargs)`` in a child process, each onnxruntime run of it bounded by
     ``timeout`` seconds (see the module docstring). ``function`` must be importable by name
     and ``kwargs`` picklable; ``progress`` hears the child's progress messages."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
+    context = _child_context()
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(
         target=_child_main, args=(sender, function, kwargs), name="shardcheck-runs", daemon=True
@@ -174,6 +176,21 @@ def run_supervised(
             child.kill()
         child.join()
         receiver.close()
+
+
+def _child_context() -> multiprocessing.context.BaseContext:
+    """``fork`` where it is safe (the module docstring), else ``spawn``."""
+    import multiprocessing
+
+    from shardcheck.runtime.sessions import made_a_session
+
+    safe = hasattr(os, "fork") and threading.active_count() == 1 and not made_a_session()
+    if not safe:
+        return multiprocessing.get_context("spawn")
+    # Imported once here, each forked child has it: importing it makes no session or thread.
+    import onnxruntime  # noqa: F401
+
+    return multiprocessing.get_context("fork")
 
 
 def _child_main(

@@ -97,3 +97,42 @@ def test_a_supervised_call_answers_as_the_call_would(tmp_path: Path) -> None:
     arguments["seq_len"] = 0
     with pytest.raises(InputError, match="--seq-len 0"):
         run_supervised(simulate, arguments, timeout=60, source=str(model))
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_check_verify_stops_a_single_long_kernel_and_goes_on(tmp_path: Path, jobs: str) -> None:
+    """check verifies each model in a child process (forked: the command makes no session
+    itself), killed past the manifest's timeout; the next model is still checked."""
+    model, _ = _one_long_matmul(tmp_path)
+    (tmp_path / "short.onnx").write_bytes(model.read_bytes())
+    manifest = tmp_path / "pyproject.toml"
+    manifest.write_text(
+        "[tool.shardcheck]\n"
+        "timeout = 1\n"
+        "[[tool.shardcheck.models]]\n"
+        f'path = "{model.name}"\n'
+        'golden = "long_golden.json"\n'
+        "verify = true\n"
+        f"seq-lens = [8, {LONG_LENGTH}]\n"
+        "[[tool.shardcheck.models]]\n"
+        'path = "short.onnx"\n'
+        'golden = "short.json"\n'
+        "verify = true\n"
+        "seq-lens = [8, 16]\n"
+    )
+    argv = ["check", "--manifest", str(manifest), "--verify", "--update", "--jobs", jobs]
+    process = subprocess.run(
+        [sys.executable, "-m", "shardcheck", *argv],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+        check=False,
+    )
+    assert process.returncode == 1, process.stdout + process.stderr
+    results = [line for line in process.stdout.splitlines() if not line.startswith(" ")]
+    long_line, short_line = results[:2]  # in manifest order
+    assert long_line.startswith("ERROR") and STOPPED in long_line, process.stdout
+    assert f"(sequence length {LONG_LENGTH})" in long_line
+    assert short_line.startswith("CREATED"), process.stdout
+    assert not (tmp_path / "long_golden.json").exists()  # hints that fail verify are not the golden
