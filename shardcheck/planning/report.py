@@ -10,7 +10,7 @@ from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
 from shardcheck.planning.plan import CLASS_TITLES, CLASSES, DEFAULT_RANKS, Plan, make_plan
 from shardcheck.runtime.memory import human
-from shardcheck.wording import counted
+from shardcheck.wording import counted, one_line
 
 
 def _percent(share: float) -> str:
@@ -123,7 +123,8 @@ def render_text(plan: Plan) -> str:
         lines.append("what keeps work whole:")
         for blocker in plan.blockers:
             lines.append(f"  {blocker.what}; {blocker.fix}")
-    return "\n".join(lines) + "\n"
+    # Names come from the file: escaped, one cannot forge a line or send the terminal a code.
+    return "\n".join(one_line(line) for line in lines) + "\n"
 
 
 def _layer_lines(plan: Plan) -> list[str]:

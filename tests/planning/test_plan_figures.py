@@ -213,3 +213,31 @@ def test_gen_prints_the_plan_line_only_when_asked(tmp_path) -> None:  # type: ig
     (line,) = [x for x in asked.stderr.splitlines() if "of FLOPs on slices" in x]
     assert line.startswith(f"shardcheck: {model}: plan at length ")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_explain_text_shows_names_escaped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Tensor and node names come from the file: one holding a newline and terminal escapes
+    can neither forge a line of explain's text nor reach the terminal raw."""
+    model = onnx.load(str(REAL / "ts_llama_tiny_gqa.onnx"))
+    evil = "\x1b]0;owned\x07\nFORGED LINE"
+    graph = model.graph
+    kept = {i.name for i in graph.input} | {o.name for o in graph.output}
+    renamed = {
+        name: f"{name}{evil}"
+        for node in graph.node
+        for name in node.output
+        if name and name not in kept
+    }
+    for node in graph.node:
+        node.name = f"{node.name}{evil}"
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        node.output[:] = [renamed.get(name, name) for name in node.output]
+    for info in graph.value_info:
+        info.name = renamed.get(info.name, info.name)
+    path = tmp_path / "evil.onnx"
+    onnx.save(model, str(path))
+    result = run_cli("explain", path, "--seq-len", S)
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert not any(line.startswith("FORGED") for line in result.stdout.splitlines())
+    assert "\\x1b]0;owned\\x07\\nFORGED LINE" in result.stdout  # the names, shown escaped
