@@ -569,7 +569,18 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict[str, Path]], str]
     "same-as-model": (("gen", "shard"), lambda d, g: str(g["model"]), "is the input model"),
     "same-as-hints": (("shard",), lambda d, g: str(g["hints"]), "is the hints file"),
     "same-as-weight-file": (("gen", "shard"), lambda d, g: str(g["weights"]), "weight file"),
+    # shard copies the weights next to its output: there the model would overwrite them.
+    "named-like-a-weight-file": (
+        ("shard",),
+        lambda d, g: str(_made(d / "elsewhere") / g["weights"].name),
+        "where the model's weight file",
+    ),
 }
+
+
+def _made(directory: Path) -> Path:
+    directory.mkdir()
+    return directory
 
 
 def _output_argv(command: str, good: dict[str, Path], output: str) -> list[object]:
