@@ -16,7 +16,7 @@ from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources, size_source_off_region
 from shardcheck.frontier.tensor_ids import TensorIds
-from shardcheck.graph.index import Dim, GraphIndex
+from shardcheck.graph.index import Dim, GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
 
 
@@ -37,9 +37,10 @@ def warn_no_exact_cut(
     output (ids), as the last round's must_be_whole found them."""
     tensors = set(region.tensors)
     _warn_cuts_from_slices(index, layers, region.cut, gathered, warnings)
-    _warn_layer_insides(index, layers, sources, tensors, region.cut, warnings)
+    _warn_layer_insides(index, shapes, layers, sources, tensors, region.cut, seq, warnings)
     _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
-    _warn_cut_lengths(index, shapes, layers, sources.ids, region, cut_lengths, seq, warnings)
+    lengths = [*cut_lengths, *_lengths_of_slices(index, layers, sources, region, gathered)]
+    _warn_cut_lengths(index, shapes, layers, sources.ids, region, lengths, seq, warnings)
 
 
 def _warn_cuts_from_slices(
@@ -71,10 +72,12 @@ def _warn_cuts_from_slices(
 
 def _warn_layer_insides(
     index: GraphIndex,
+    shapes: ShapeInference,
     layers: list[AttentionLayer],
     sources: ShapeSources,
     region: set[str],
     cut: dict[str, int],
+    seq: Dim | None,
     warnings: list[str],
 ) -> None:
     """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
@@ -89,7 +92,7 @@ def _warn_layer_insides(
             source = (
                 None if node.op_type in SHAPE_OPS else size_source_off_region(node, sources, region)
             )
-            if source is None:
+            if source is None or not _may_carry_length(index, shapes, sources, node, seq):
                 continue
             held = (
                 "each rank holds a slice of"
@@ -101,6 +104,32 @@ def _warn_layer_insides(
                 f"of {source}, which {held}; CP may not be exact"
             )
             break
+
+
+def _may_carry_length(
+    index: GraphIndex, shapes: ShapeInference, sources: ShapeSources, node: Node, seq: Dim | None
+) -> bool:
+    """Whether a shape-like input of ``node`` may hold the sequence length: not when every
+    value it is computed from is known and free of it (a scale of ``hidden // heads ** -0.5``
+    read from the hidden size of ``x``'s Shape, as TorchScript traces it)."""
+    pending = [name for name in node.inputs if name and name not in sources.derived]
+    seen = set(pending)
+    while pending:
+        tensor = pending.pop()
+        if _without_sequence(shapes.value(tensor), seq):
+            continue
+        producer = index.producer_of(tensor)
+        if producer is None:
+            if tensor in index.initializers:
+                continue
+            return True
+        if producer.op_type in SHAPE_OPS:
+            return True
+        for name in producer.inputs:
+            if name and name not in seen and name not in sources.derived:
+                seen.add(name)
+                pending.append(name)
+    return False
 
 
 def _warn_key_lengths(
@@ -154,6 +183,47 @@ def _layout_chain(index: GraphIndex, derived: set[str], start: str, end: str) ->
         current = data[0]
         chain.append(current)
     return chain
+
+
+def _lengths_of_slices(
+    index: GraphIndex,
+    layers: list[AttentionLayer],
+    sources: ShapeSources,
+    region: Region,
+    gathered: dict[str, int],
+) -> list[tuple[int, int]]:
+    """The Shape reads (read tensor, Shape's output, as ids) of tensors that ranks hold
+    slices of, off the region, that size a cut through shape-like values: the cut gets a
+    slice's length (the einsum export's causal mask, ``triu(j - i + 1)`` of the scores' own
+    shape, made from each rank's rows). The region's own Shape reads push the cut forward
+    (whole.py); these cannot."""
+    ids = sources.ids
+    whole = [ids.id[name] for name in (*gathered, *gathered_kv(layers)) if name in ids.id]
+    sliced = SlicedTest(ids, region.cut_ids, whole=whole)
+    found: list[tuple[int, int]] = []
+    for node in index.nodes:
+        if node.op_type not in SHAPE_OPS or not node.inputs or not node.outputs[0]:
+            continue
+        read = ids.id.get(node.inputs[0])
+        if read is None or region.in_region[read] or not sliced(read):
+            continue
+        if _sizes_a_cut(index, sources.derived, region.cut, node.outputs[0]):
+            found.append((read, ids.id[node.outputs[0]]))
+    return found
+
+
+def _sizes_a_cut(index: GraphIndex, derived: set[str], cut: dict[str, int], length: str) -> bool:
+    """Whether ``length`` (a Shape's output) reaches a cut through shape-like values alone."""
+    pending, seen = [length], {length}
+    while pending:
+        for consumer in index.consumers_of(pending.pop()):
+            for output in consumer.outputs:
+                if output in cut:
+                    return True
+                if output and output not in seen and output not in derived:
+                    seen.add(output)
+                    pending.append(output)
+    return False
 
 
 def _warn_cut_lengths(

@@ -11,6 +11,7 @@ from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, reaches_range
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one
+from shardcheck.frontier.gathers import gathered_kv
 from shardcheck.frontier.sources import ShapeSources
 from shardcheck.graph.index import GraphIndex, Node
 
@@ -56,6 +57,7 @@ def whole_sized_masks(
     the scores' shape is local, as TorchScript's XLM makes it)."""
     region, layers_own = sliced
     seeded = {tensor for tensor, _ in seeds}
+    gathered = gathered_kv(layers)
     found: list[tuple[str, int]] = []
     for layer in layers:
         for mask in layer.masks:
@@ -63,6 +65,13 @@ def whole_sized_masks(
             if mask in seeded or shape is None or len(shape) < 2 or always_one(shape[-2]):
                 continue
             axis = len(shape) - 2
+            # One key column (a sink) is no key length a rank could build short.
+            if not always_one(shape[-1]) and _keys_sized_by_a_slice(
+                index, mapper, sources, mask, len(shape) - 1, region, gathered
+            ):
+                found.append((mask, axis))
+                seeded.add(mask)
+                continue
             for origin in _axis_ends(index, mapper, mask, axis)[0]:
                 producer = index.producer_of(origin)
                 inputs = [origin] if producer is None else [n for n in producer.inputs if n]
@@ -77,6 +86,31 @@ def whole_sized_masks(
                     seeded.add(mask)
                     break
     return found
+
+
+def _keys_sized_by_a_slice(
+    index: GraphIndex,
+    mapper: AxisMapper,
+    sources: ShapeSources,
+    mask: str,
+    key_axis: int,
+    region: dict[str, int],
+    gathered: set[str],
+) -> bool:
+    """Whether the key axis of ``mask`` is created from the Shape of a tensor ranks hold a
+    slice of (a region tensor other than the gathered K and V): ALiBi or a window built from
+    ``Range(Shape(x)[1])`` inside the model. Each rank would build it over its own local
+    length, where the keys are whole; computed whole and scattered along its query axis, it
+    is exact (the Shape's tensor must then be whole: the cut moves past it)."""
+    for origin in _axis_ends(index, mapper, mask, key_axis)[0]:
+        producer = index.producer_of(origin)
+        inputs = [origin] if producer is None else [n for n in producer.inputs if n]
+        for name in inputs:
+            if name in sources.derived:
+                continue
+            if any(s in region and s not in gathered for s in sources.of(name)):
+                return True
+    return False
 
 
 RELATING_OPS = frozenset("Sub Add Less LessOrEqual Greater GreaterOrEqual Equal".split())
