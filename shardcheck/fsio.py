@@ -22,6 +22,12 @@ _MAX_TEMP_STEM_BYTES = 200
 _MAX_LINKS = 40  # as the kernel's limit on links followed in one path
 
 
+def nul_problem(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with a path holding a NUL byte, or None: no system call takes one, so
+    it is refused before any (the caller raises its own error with it, after the path)."""
+    return "a path cannot hold a NUL byte" if "\0" in os.fspath(path) else None
+
+
 def why_unreadable(path: str | os.PathLike[str], what: str) -> str | None:
     """Why ``path`` names nothing to read as ``what`` ("no such file", "is a directory, ..."),
     or None. The caller raises its own error with it, after the path."""

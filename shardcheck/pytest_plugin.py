@@ -105,10 +105,10 @@ def _manifest_path(config: pytest.Config) -> Path:
 
     option = config.getoption("shardcheck_manifest")
     if option:
-        if "\0" in option:
-            raise pytest.UsageError(
-                f"--shardcheck-manifest {option!r}: a path cannot hold a NUL byte"
-            )
+        from shardcheck.fsio import nul_problem
+
+        if nul_problem(option) is not None:
+            raise pytest.UsageError(f"--shardcheck-manifest {option!r}: {nul_problem(option)}")
         path = config.invocation_params.dir / option
         from shardcheck.fsio import why_unreadable
 

@@ -12,7 +12,7 @@ import click
 
 from shardcheck.cli.arguments import FORMAT_OPTION, QUIET_OPTION, codes_option
 from shardcheck.errors import InputError, OutputError, ShardcheckError
-from shardcheck.fsio import atomic_write_text, output_target, same_file
+from shardcheck.fsio import atomic_write_text, nul_problem, output_target, same_file
 from shardcheck.gating.gate import (
     WARNED,
     CheckResult,
@@ -95,8 +95,9 @@ def check(
         ("--report", report),
         *(("--merge", m) for m in merge),
     ):
-        if path is not None and "\0" in path:
-            raise InputError(f"{option} {path!r}: a path cannot hold a NUL byte")
+        problem = None if path is None else nul_problem(path)
+        if problem is not None:
+            raise InputError(f"{option} {path!r}: {problem}")
     if merge:
         if update or verify or strict or shard is not None or jobs is not None:
             raise InputError(

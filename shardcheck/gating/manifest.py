@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import InputError
-from shardcheck.fsio import why_unreadable
+from shardcheck.fsio import nul_problem, why_unreadable
 from shardcheck.generation.options import DEFAULT_SEQ_LENS, GenOptions, is_integer
 from shardcheck.wording import listed, shown
 
@@ -124,8 +124,8 @@ def _mentions_the_table(pyproject: Path) -> bool:
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate the manifest in the TOML file ``path``."""
     file = Path(path)
-    if "\0" in os.fspath(path):
-        raise InputError(f"{os.fspath(path)!r}: a path cannot hold a NUL byte")
+    if nul_problem(path) is not None:
+        raise InputError(f"{os.fspath(path)!r}: {nul_problem(path)}")
     if os.fspath(path) == "-" and not file.exists():
         raise InputError(
             "-: reading the manifest from standard input is not supported; give its path"
@@ -464,8 +464,8 @@ def _optional_path(table: Mapping[str, Any], key: str, source: Path, where: str)
 def _path_text(value: Any, source: Path, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _error(source, where, f"expected a path (a non-empty string), got {shown(value)}")
-    if "\0" in value:
-        raise _error(source, where, f"{shown(value)}: a path cannot hold a NUL byte")
+    if nul_problem(value) is not None:
+        raise _error(source, where, f"{shown(value)}: {nul_problem(value)}")
     if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in Path(value).parts):
         raise _error(
             source, where, f"{shown(value)}: a file name in it is longer than {NAME_MAX} bytes"
