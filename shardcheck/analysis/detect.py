@@ -35,6 +35,10 @@ SCORE_SIDE_OPS = frozenset(
     "Div Mul Add Sub Where Cast Reshape Identity Clip Tanh Max Min Squeeze Unsqueeze".split()
 )
 PROBS_SIDE_OPS = frozenset("Cast Dropout Identity Where Reshape Mul Squeeze Unsqueeze".split())
+# Attention sinks (GPT-OSS): a per-head logit Concat-ed to the scores on the Softmax's axis,
+# the running max subtracted (Sub of a ReduceMax), and the sink's column Sliced off after.
+SINK_CONCAT = "Concat"
+SINK_SLICE = "Slice"
 # Between an Einsum's scores and the Softmax, these would move the axis the Softmax reads.
 RESHAPING_OPS = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten"))
 # K or V on its way from the projection to the MatMul: layout changes, the SDPA scale, GQA.
@@ -63,6 +67,7 @@ class AttentionLayer:
     v_rank: int | None
     causal: str | None  # how a causal mask is built, or None
     masks: tuple[str, ...] = ()  # tensors combined with the scores (additive or Where masks)
+    sinks: tuple[str, ...] = ()  # sink logits Concat-ed to the scores (GPT-OSS)
     polygraphy_patterns: tuple[int, ...] = field(default=())
     op_type: str = ""
     # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
@@ -147,7 +152,8 @@ def _decomposed(
     if found is None:
         return None
     score, score_path = found
-    found_context = _context_matmul(index, softmax)
+    sinks = _sinks(score, score_path)
+    found_context = _context_matmul(index, softmax, sinks=bool(sinks))
     if found_context is None:
         return None
     context, probs_path, probs = found_context
@@ -158,7 +164,8 @@ def _decomposed(
     if gathered_k in index.initializers or gathered_v in index.initializers:
         return None  # a projection by weights (a classifier head, a router), not attention
     q_rank, k_rank, v_rank = (shapes.rank(t) for t in (q, gathered_k, gathered_v))
-    masks = _mask_operands(index, score, score_path)
+    # A sink column is combined with the scores as a mask is: each rank needs its query rows.
+    masks = tuple(dict.fromkeys((*_mask_operands(index, score, score_path), *sinks)))
     layer = AttentionLayer(
         name=score.label,
         kind="decomposed",
@@ -176,6 +183,7 @@ def _decomposed(
         v_rank=v_rank,
         causal=_causal_mask(index, masks) if look_for_causal else None,
         masks=masks,
+        sinks=sinks,
         polygraphy_patterns=tuple(recognised.get(score.index, ())),
         op_type=f"{score.op_type}/Softmax/{context.op_type}",
         output_axis=output_axis,
@@ -239,6 +247,11 @@ def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] |
             return producer, path
         if producer.op_type == "Einsum" and len(producer.inputs) == 2:
             return producer, path
+        if producer.op_type == SINK_CONCAT and _on_softmax_axis(producer, softmax):
+            for name in producer.inputs:
+                if name:
+                    queue.append((name, depth + 1, [*path, producer]))
+            continue
         if producer.op_type not in SCORE_SIDE_OPS:
             continue
         data_inputs = producer.inputs[1:3] if producer.op_type == "Where" else producer.inputs[:2]
@@ -250,9 +263,28 @@ def _score_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node]] |
     return None
 
 
-def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node], str] | None:
+def _on_softmax_axis(concat: Node, softmax: Node) -> bool:
+    return concat.attr("axis", 0) == softmax.attr("axis", -1)
+
+
+def _sinks(score: Node, score_path: list[Node]) -> tuple[str, ...]:
+    """The sink logits Concat-ed to the scores on their way to the Softmax."""
+    on_path = {o for node in (score, *score_path) for o in node.outputs}
+    return tuple(
+        name
+        for node in score_path
+        if node.op_type == SINK_CONCAT
+        for name in node.inputs
+        if name and name not in on_path
+    )
+
+
+def _context_matmul(
+    index: GraphIndex, softmax: Node, *, sinks: bool = False
+) -> tuple[Node, list[Node], str] | None:
     """The MatMul (or Einsum) that applies the probabilities to V, the nodes passed on the
-    way, and the probabilities it reads."""
+    way, and the probabilities it reads. With ``sinks``, a Slice that drops their columns is
+    passed too."""
     queue: deque[tuple[str, int]] = deque([(softmax.outputs[0], 0)])
     seen: set[str] = set()
     passed: list[Node] = []
@@ -266,7 +298,10 @@ def _context_matmul(index: GraphIndex, softmax: Node) -> tuple[Node, list[Node],
                 return consumer, passed, tensor
             if consumer.op_type == "Einsum" and len(consumer.inputs) == 2:
                 return consumer, passed, tensor
-            if consumer.op_type in PROBS_SIDE_OPS and consumer.outputs:
+            passes = consumer.op_type in PROBS_SIDE_OPS or (
+                sinks and consumer.op_type == SINK_SLICE and consumer.inputs[0] == tensor
+            )
+            if passes and consumer.outputs:
                 passed.append(consumer)
                 queue.append((consumer.outputs[0], depth + 1))
     return None
@@ -278,12 +313,28 @@ def _mask_operands(index: GraphIndex, score: Node, score_path: list[Node]) -> tu
     masks: list[str] = []
     for node in score_path:
         if node.op_type in ("Add", "Sub"):
-            masks.extend(name for name in node.inputs[:2] if name and name not in on_path)
+            masks.extend(
+                name
+                for name in node.inputs[:2]
+                if name and name not in on_path and not _max_of_path(index, name, on_path)
+            )
         elif node.op_type == "Where":
             masks.append(node.inputs[0])
     # Scalars on the path are scales and fill values, not masks.
     kept = (m for m in masks if not _is_scalar_or_vector_constant(index, m))
     return tuple(dict.fromkeys(kept))
+
+
+def _max_of_path(index: GraphIndex, tensor: str, on_path: set[str]) -> bool:
+    """Whether ``tensor`` is the running max of the scores themselves (subtracted before a
+    Softmax for stability), not a mask."""
+    producer = index.producer_of(tensor)
+    return (
+        producer is not None
+        and producer.op_type == "ReduceMax"
+        and bool(producer.inputs)
+        and producer.inputs[0] in on_path
+    )
 
 
 def _is_scalar_or_vector_constant(index: GraphIndex, tensor: str) -> bool:

@@ -64,6 +64,13 @@ def infer_elem_types(
             continue
         if not is_default_domain(node.domain) or not node.output:
             continue
+        if op == "TopK" and node.input:
+            # Values of the input's type, then their int64 indices (a MoE router's).
+            if (first := types.get(node.input[0])) is not None and node.output[0]:
+                types[node.output[0]] = first
+            if len(node.output) > 1 and node.output[1]:
+                types[node.output[1]] = INT64
+            continue
         found = _output_type(node, types)
         if found is not None and node.output[0]:
             types[node.output[0]] = found

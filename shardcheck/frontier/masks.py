@@ -35,9 +35,11 @@ def layer_seeds(
                 continue
             # The mask broadcasts against the scores [..., query, key]. A causal mask differs
             # from row to row: each rank needs its rows. A padding mask only broadcast along
-            # the query axis is computed locally as it stands.
+            # the query axis is computed locally as it stands, as is a sink column: the same
+            # on every row.
             axis = len(mask_shape) - 2
-            if layer.causal is not None or _axis_ends(index, mapper, mask, axis)[1]:
+            row_wise = layer.causal is not None and mask not in layer.sinks
+            if row_wise or _axis_ends(index, mapper, mask, axis)[1]:
                 yield mask, axis
 
 

@@ -55,8 +55,12 @@ class ShapeSources:
             return known
         memo[tensor] = _NO_SOURCES  # guards against cycles in malformed graphs
         read = self.ids.shape_read[tensor]
-        if read >= 0:
+        if read >= 0 and self.derived_flags[read]:
             result = frozenset((read,))
+        elif read >= 0:
+            # The Shape of a shape-like tensor (a target shape made from other Shapes, as
+            # GPT-OSS's sinks Expand reads): what sizes that tensor sizes this one.
+            result = self.of_id(read)
         else:
             found: set[int] = set()
             derived = self.derived_flags

@@ -152,3 +152,31 @@ def test_a_mask_sized_by_a_shape_is_not_causal_for_what_computed_that_shape(
     assert first.causal == "Trilu node trilu"
     assert second.masks == ("padding_2d",)
     assert second.causal is None
+
+
+@pytest.mark.parametrize(
+    ("name", "sink", "causal_mask"),
+    [
+        (
+            "ts_gptoss_sinks",
+            "/model/layers.0/self_attn/Expand_2_output_0",
+            "/model/Where_3_output_0",
+        ),
+        ("dynamo_gptoss_sinks", "expand_4", "where_1"),
+    ],
+)
+def test_attention_sinks_are_found_beside_the_scores(
+    name: str, sink: str, causal_mask: str
+) -> None:
+    # GPT-OSS: Concat(scores + mask, sinks) on the Softmax's axis, minus its ReduceMax, then
+    # the sinks' column Sliced off before the context MatMul (tensor names read off the graph).
+    index = load_index(REAL / f"{name}.onnx")
+    first = detect_attention(index)[0]
+    assert first.sinks == (sink,)
+    # The running max subtracted for stability is no mask; the sink is combined as one is.
+    assert first.masks == (causal_mask, sink)
+    assert index.producer_of(sink).op_type == "Expand"
+    # Found without shapes too: what verify names SC108 against.
+    assert [layer.q for layer in layer_tensors(index)] == [
+        layer.q for layer in detect_attention(index)
+    ]

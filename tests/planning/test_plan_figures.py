@@ -129,12 +129,10 @@ def test_four_ranks_divide_the_slices_by_four() -> None:
 
 
 def test_a_cut_inside_the_layers_names_what_blocks_it() -> None:
-    plan = _plan(REAL / "ts_llama_tiny_gqa.onnx")
+    plan = _plan(REAL / "dynamo_llama_tiny_gqa.onnx")
     assert plan.classes["projections"].share_on_slices == 0.0
-    # The rotary positions are sized by the embeddings' length, read before any cut.
-    assert plan.blockers[0].what == (
-        "positions are computed from /model/embed_tokens/Gather_output_0.shape[1]"
-    )
+    # The rotary positions are sized by the padding mask's length, read before any cut.
+    assert plan.blockers[0].what == "positions are computed from attention_mask.shape[0]"
     assert plan.blockers[0].fix == "export with position_ids as a graph input"
 
 

@@ -45,7 +45,7 @@ def test_update_records_the_plan_beside_the_golden(tmp_path: Path) -> None:
 
 
 def test_a_plan_below_its_golden_fails_with_the_figures(tmp_path: Path) -> None:
-    manifest = _project(tmp_path, REAL / "ts_llama_tiny_gqa.onnx")
+    manifest = _project(tmp_path, REAL / "dynamo_llama_tiny_gqa.onnx")
     assert run_cli("check", "--manifest", manifest, "--update").exit_code == 0
     sidecar = tmp_path / "golden" / "model.plan"
     # The golden recorded a full split at length 64; today's hints, the same hints as the
