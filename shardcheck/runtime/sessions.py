@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+from shardcheck.runtime.weights import shared_initializers
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -41,7 +43,11 @@ def made_a_session() -> bool:
 
 
 def make_session(
-    model: onnx.ModelProto | bytes, weights_dir: str | os.PathLike[str] | None = None
+    model: onnx.ModelProto | bytes,
+    weights_dir: str | os.PathLike[str] | None = None,
+    *,
+    initializers: Iterable[onnx.TensorProto] = (),
+    source: str = "<model>",
 ) -> onnxruntime.InferenceSession:
     """An onnxruntime CPU session, sequential, one intra-op thread (repeatable and light);
     ``model`` is a proto or its serialized bytes.
@@ -51,10 +57,19 @@ def make_session(
     costs. Nor is memory kept in an arena for reuse: with few runs it would only hold on to
     each run's largest allocations, raising the peak.
 
+    Nodes run in onnxruntime's priority-based order, which follows the graph: its default
+    order can run every node that reads only weights (a Linear's Transpose) first, so that all
+    their outputs, as large as the weights, are alive at once. Weights are not prepacked: a
+    packed copy of each MatMul weight would double the memory the weights take, for runs too
+    few and too short to gain from it.
+
     ``weights_dir``: the directory of the model file, where its external weight files are.
-    onnxruntime reads them from there (mapping them into memory) instead of from a copy of
-    every weight inside ``model``: a model over 2 GB could not be serialized with its weights
-    in it, and the copy would double the memory the weights take.
+    The external initializers (``model``'s own, or ``initializers`` when ``model`` is bytes)
+    are handed to onnxruntime over the one mapping of their file that every session of the
+    process shares (weights.py); any it cannot take so it reads from there itself. Either way
+    no copy of every weight goes inside ``model``: a model over 2 GB could not be serialized
+    with its weights in it, and the copy would double the memory the weights take. ``source``
+    names the model in the error raised for a weight file cut short (InputError).
     """
     import onnxruntime
 
@@ -65,15 +80,25 @@ def make_session(
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 4
     options.enable_cpu_mem_arena = False
+    options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    shared: dict[str, Any] = {}
     if weights_dir is not None:
+        folder = Path(weights_dir).resolve()
         options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path",
-            str(Path(weights_dir).resolve()),
+            "session.model_external_initializers_file_folder_path", str(folder)
         )
+        tensors = initializers if isinstance(model, bytes) else model.graph.initializer
+        shared = shared_initializers(tensors, folder, source)
+        for name, value in shared.items():
+            options.add_initializer(name, value)
     serialized = model if isinstance(model, bytes) else model.SerializeToString()
     global _made_a_session
     _made_a_session = True
-    return onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+    # onnxruntime reads the shared weights where they are: they live as long as the session.
+    session.shardcheck_weights = shared  # type: ignore[attr-defined]
+    return session
 
 
 def run_model(

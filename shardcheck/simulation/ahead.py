@@ -14,7 +14,6 @@ own weights: a model of L layers makes a few stage sessions instead of about 3L.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from shardcheck.analysis.elem_types import infer_elem_types
 from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.sessions import make_session, onnxruntime_errors
 from shardcheck.runtime.supervised import watched_run
+from shardcheck.runtime.weights import external_weight
 from shardcheck.sharding.rewrite import COLLECTIVE_OP
 from shardcheck.simulation.plan import Stage, stage_model
 from shardcheck.simulation.stage_forms import stage_form
@@ -262,17 +262,12 @@ class StageSessions:
 
 
 def mapped_weight(tensor: onnx.TensorProto, weights_dir: Path | None) -> np.ndarray:
-    """An external weight, mapped from its file (ValueError or OSError when it cannot be)."""
-    entries = {entry.key: entry.value for entry in tensor.external_data}
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    shape = tuple(tensor.dims)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if weights_dir is None or int(entries.get("length") or nbytes) != nbytes:
+    """An external weight, a view of its file's one mapping (weights.py); ValueError when it
+    cannot be mapped, InputError when its file is too short for it."""
+    value = external_weight(tensor, weights_dir)
+    if value is None:
         raise ValueError(f"tensor {tensor.name!r}: its external data cannot be mapped")
-    if nbytes == 0:
-        return np.zeros(shape, dtype)
-    offset = int(entries.get("offset") or 0)
-    return np.memmap(weights_dir / entries["location"], dtype, "r", offset, shape)
+    return value
 
 
 def _elem_type(value: np.ndarray) -> int:

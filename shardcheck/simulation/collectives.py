@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from shardcheck.errors import InputError
 from shardcheck.graph.ops import is_default_domain
+from shardcheck.runtime.weights import external_weight, is_external
 from shardcheck.sharding.fused import is_fused_attention
 from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER
 from shardcheck.simulation.fused_attention import FusedAttentionStep, fused_attention_step
@@ -126,8 +127,11 @@ def run_collective(
     source, target = step.node.input[0], step.node.output[0]
     if source in weights and source not in values.replicated:
         # A weight cut by the hints (a position table added whole): every rank holds it.
-        base_dir = str(weights_dir) if weights_dir is not None else ""
-        values.set_replicated({source: numpy_helper.to_array(weights[source], base_dir)})
+        tensor = weights[source]
+        value = external_weight(tensor, weights_dir) if is_external(tensor) else None
+        if value is None:
+            value = numpy_helper.to_array(tensor, str(weights_dir) if weights_dir else "")
+        values.set_replicated({source: value})
     group = step.group(ranks)
     outside = [rank for rank in range(ranks) if rank not in group]
     if outside:

@@ -10,6 +10,7 @@ a rank differs (compare.py).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -244,7 +245,11 @@ class Simulation:
         check_weight_files(index, model_path)
         self._single_device_making = InBackground(
             "shardcheck-single-device",
-            make_session,
+            functools.partial(
+                make_session,
+                initializers=list(index.initializers.values()),
+                source=index.source,
+            ),
             parsed.serialized or index.model.SerializeToString(),
             weights_dir(model_path),
         )
@@ -349,7 +354,7 @@ class Simulation:
                 self._single_device = (
                     making.result()
                     if making is not None
-                    else make_session(self.model, self.weights_dir)
+                    else make_session(self.model, self.weights_dir, source=self.index.source)
                 )
             with watched_run("the simulation's single-device run"):
                 values = self._single_device.run(names, dict(feeds))

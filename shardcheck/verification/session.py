@@ -44,7 +44,12 @@ class PendingSession:
         check_weight_files(index, model_path)
         model = serialized_with_outputs(index, extra, serialized)
         self._making = InBackground(
-            "shardcheck-session", load_session, model, weights_dir(model_path), index.source
+            "shardcheck-session",
+            load_session,
+            model,
+            weights_dir(model_path),
+            index.source,
+            list(index.initializers.values()),
         )
 
     def settle(self) -> None:
@@ -99,11 +104,16 @@ class WatchedSession:
         return None
 
 
-def load_session(model: bytes, weights_dir: Path, source: str) -> WatchedSession:
-    """onnxruntime's session of ``model`` (serialized, with the watched outputs); a model it
-    cannot load is refused (InputError)."""
+def load_session(
+    model: bytes, weights_dir: Path, source: str, initializers: Iterable[onnx.TensorProto] = ()
+) -> WatchedSession:
+    """onnxruntime's session of ``model`` (serialized, with the watched outputs), sharing its
+    external ``initializers`` (``make_session``); a model it cannot load is refused
+    (InputError)."""
     try:
-        session = make_session(model, weights_dir)
+        session = make_session(model, weights_dir, initializers=initializers, source=source)
+    except InputError:
+        raise
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InputError(
             f"{source}: onnxruntime cannot load the model: "

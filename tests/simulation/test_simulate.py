@@ -477,9 +477,9 @@ def test_the_single_device_session_is_made_while_the_model_is_analysed(
         module.InBackground,
     )
 
-    def session(*args: Any) -> Any:
+    def session(*args: Any, **kwargs: Any) -> Any:
         events.append(("session", threading.current_thread().name))
-        return real_session(*args)
+        return real_session(*args, **kwargs)
 
     def shapes(*args: Any) -> Any:
         events.append(("shapes", threading.current_thread().name))
