@@ -163,18 +163,22 @@ def codes_option(codes: Collection[str], what: str) -> Callable[[F], F]:
     )
 
 
-def tolerance_options(when: str = "") -> Callable[[F], F]:
+def tolerance_options(when: str = "", *, by_type: bool = False) -> Callable[[F], F]:
     """``--rtol`` and ``--atol`` of the comparison with one device; ``when``: a note on when
-    they apply (verify: with --ranks)."""
+    they apply; ``by_type``: no fixed default, the outputs' element type decides (verify's,
+    runtime/settings.py's ``default_tolerances``)."""
 
     def decorate(command: F) -> F:
         for name, default, kind in (("--atol", 1e-5, "Absolute"), ("--rtol", 1e-4, "Relative")):
+            help = f"{kind} tolerance of the comparison with one device{when}."
+            if by_type:
+                help += f"  [default: by the outputs' type; {default:g} for float32]"
             command = click.option(
                 name,
                 type=float,
-                default=default,
-                show_default=True,
-                help=f"{kind} tolerance of the comparison with one device{when}.",
+                default=None if by_type else default,
+                show_default=not by_type,
+                help=help,
             )(command)
         return command
 

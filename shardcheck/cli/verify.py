@@ -46,9 +46,19 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     "--ranks",
     type=click.IntRange(min=1),
     default=None,
-    help="Also simulate CP on this many ranks and compare with one device.",
+    help="Ranks the CP simulation runs on, compared with one device  [default: the hints' "
+    "nb_rank if above 1, else 2]",
 )
-@tolerance_options(" (the simulation's, with --ranks)")
+@click.option(
+    "--no-simulate",
+    "simulate",
+    is_flag=True,
+    flag_value=False,
+    default=True,
+    help="Skip the CP simulation. Then only the axes, ranks and layers are checked: nothing "
+    "proves that the hints give the single-device result when the model runs split.",
+)
+@tolerance_options(" (the simulation's)", by_type=True)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -72,9 +82,9 @@ def verify_command(
 ) -> int:
     """Check that HINTS fit MODEL: exit 0 if every check passes, 1 on an error finding (or a
     warning, with --strict)."""
-    # The options named like verify's keywords (seq_lens, ranks, rtol, atol, timeout, seed)
-    # are handed on as they are. Past --timeout and its grace, the console command ends
-    # (runtime/supervised.py).
+    # The options named like verify's keywords (seq_lens, ranks, simulate, rtol, atol,
+    # timeout, seed) are handed on as they are. Past --timeout and its grace, the console
+    # command ends (runtime/supervised.py).
     with Progress(enabled=not quiet) as progress, runs_bounded(settings["timeout"], model):
         progress(f"checking {hints} against {model}...")
         report = verify(model, hints, dims=dims_mapping(dims), progress=progress, **settings)

@@ -6,10 +6,27 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+from onnx import TensorProto
 
 from shardcheck.errors import InputError
 from shardcheck.wording import shown
+
+# The default (rtol, atol) of a comparison with one device, by the element type of the
+# outputs compared, finest first. A split run adds and multiplies in another order (a softmax
+# over the keys of every rank, sums over slices), so its values differ from one device's by a
+# few roundings: the tolerances are a number of the type's epsilons (docs/commands.md#verify).
+# float32's are the long-standing 1e-4 and 1e-5, about 840 and 84 of its epsilons (1.2e-7);
+# float16 (epsilon 9.8e-4) and bfloat16 (7.8e-3) keep about 10 and 1 epsilons, as their
+# roundings are as large as the values' last digits; float64 (2.2e-16) is held a hundred
+# thousand times tighter than float32.
+TOLERANCES_BY_TYPE = {
+    TensorProto.DOUBLE: (1e-9, 1e-10),
+    TensorProto.FLOAT: (1e-4, 1e-5),
+    TensorProto.FLOAT16: (1e-2, 1e-3),
+    TensorProto.BFLOAT16: (8e-2, 8e-3),
+}
 
 
 def refuse_bad_seq_lens(seq_lens: Sequence[int]) -> None:
@@ -36,10 +53,18 @@ def refuse_bad_timeout(timeout: float | None) -> None:
         )
 
 
-def refuse_bad_tolerances(rtol: float, atol: float) -> None:
+def refuse_bad_tolerances(rtol: float | None, atol: float | None) -> None:
+    """None: the default of the outputs' type (``default_tolerances``), nothing to refuse."""
     for option, value in (("--rtol", rtol), ("--atol", atol)):
-        if not 0 <= value < math.inf:  # NaN too: every comparison with it is false
+        if value is not None and not 0 <= value < math.inf:  # NaN too: no comparison holds
             raise InputError(f"{option} {value}: expected a finite number >= 0")
+
+
+def default_tolerances(elem_types: Iterable[int | None]) -> tuple[float, float]:
+    """The (rtol, atol) of the coarsest floating type among ``elem_types`` (an output's), or
+    float32's where none is floating: a split run of an fp16 model is as close as fp16 is."""
+    known = [TOLERANCES_BY_TYPE[t] for t in elem_types if t in TOLERANCES_BY_TYPE]
+    return max(known, default=TOLERANCES_BY_TYPE[TensorProto.FLOAT])
 
 
 def refuse_bad_ranks(ranks: int) -> None:

@@ -55,6 +55,7 @@ CODES = {
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",
+    "SC204": "CP not simulated",
     # gen's own warnings (gen also gives the codes above to the warnings verify reports too).
     "SC301": "no attention layer found",
     "SC302": "option changes nothing",

@@ -87,7 +87,7 @@ def _check_nb_rank(
     if fused.nb_rank == expected:
         return
     against = (
-        f"the {ranks} ranks simulated (--ranks)"
+        f"the {ranks} ranks simulated"
         if ranks is not None
         else f"the collectives' nb_rank ({expected})"
     )

@@ -217,8 +217,8 @@ class RuntimeCheck:
             level = ERROR
             verdict = (
                 "CP can shard it at that length only if no rank's slice reaches a node that "
-                "holds it: simulate CP there with --ranks, or export the model with a dynamic "
-                "sequence axis"
+                "holds it: simulate CP there (verify without --no-simulate), or export the "
+                "model with a dynamic sequence axis"
             )
         else:
             level = ERROR

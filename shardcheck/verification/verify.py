@@ -1,10 +1,12 @@
 """``verify``: do the hints fit the model? Static checks (static_checks.py), then onnxruntime
-runs at several lengths (run_checks.py), then, with ``ranks``, the CP simulation.
+runs at several lengths (run_checks.py), then the CP simulation (unless ``simulate`` is off).
 
 The static part reads only the graph index. The runtime part runs the model once per sequence
 length with every hinted tensor, and each layer's Q and gathered K and V, exposed as outputs,
 and compares shapes across the runs: the axis that changes with the length is the sequence axis,
-whatever the dims are called. With ``ranks``, the CP simulation runs as well.
+whatever the dims are called. Axes that agree are necessary, not sufficient (a bias built from
+each rank's local length passes them), so the CP simulation runs too: on ``ranks`` ranks, by
+default on the hints' own nb_rank or else 2 (``default_ranks``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from shardcheck.analysis.detect import (
     layer_tensors,
 )
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.analysis.symbolic import BATCH_LIKE
+from shardcheck.analysis.symbolic import BATCH_LIKE, size_at
 from shardcheck.errors import HintsMismatchError, InputError, ShardcheckError
 from shardcheck.generation.options import DEFAULT_SEQ_LENS
 from shardcheck.graph.index import GraphIndex, gc_paused
@@ -33,6 +35,7 @@ from shardcheck.hints.model import ShardHints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.memory import refuse_oversized_weights
 from shardcheck.runtime.settings import (
+    default_tolerances,
     refuse_bad_ranks,
     refuse_bad_seq_lens,
     refuse_bad_timeout,
@@ -46,12 +49,15 @@ from shardcheck.simulation.simulate import (
     first_unsplittable,
     unsplittable_message,
 )
-from shardcheck.verification.findings import ERROR, INFO, Report
+from shardcheck.verification.findings import ERROR, INFO, WARNING, Report
 from shardcheck.verification.run_checks import DimChooser, RuntimeCheck
 from shardcheck.verification.session import PendingSession, Progress
 from shardcheck.verification.static_checks import check_static
 from shardcheck.verification.walks import watched_tensors
 from shardcheck.wording import counted, listed
+
+# The ranks verify simulates when neither --ranks nor the hints' nb_rank says.
+DEFAULT_SIMULATED_RANKS = 2
 
 
 # Its analysis makes many small objects and no cycles; the collector only walked them again
@@ -89,8 +95,9 @@ def verify(
     seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
     dims: Mapping[str, int] | None = None,
     ranks: int | None = None,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
+    simulate: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
     timeout: float | None = None,
     seed: int = 0,
     progress: Progress | None = None,
@@ -98,19 +105,33 @@ def verify(
 ) -> Report:
     """Check ``hints`` against ``model_path``; every finding is collected, not only the first.
 
+    ``ranks``: the ranks the CP simulation runs on; by default ``default_ranks(hints)``, and
+    then a simulation that cannot run is a warning (SC204), not an input error. ``simulate``
+    off: no simulation (``ranks`` must then be None). ``rtol``, ``atol``: the simulation's
+    tolerances, by default those of the outputs' element type (``default_tolerances``).
     ``hints_source``: what messages call ``hints`` when it is a ShardHints, not a file."""
     refuse_bad_seq_lens(seq_lens)
     refuse_bad_timeout(timeout)
     refuse_bad_tolerances(rtol, atol)
     if ranks is not None:
         refuse_bad_ranks(ranks)
+        if not simulate:
+            raise InputError(
+                f"--ranks {ranks} and --no-simulate: --ranks is the number of ranks the "
+                "simulation runs on; give one of the two"
+            )
     parsed = parse_model(model_path)
     if isinstance(hints, ShardHints):
         hints = validated(hints, hints_source)
     else:
         hints_source, hints = str(hints), read_hints(hints)
     report = Report(model=str(model_path), hints=hints_source)
+    asked = ranks is not None
+    if simulate and ranks is None:
+        ranks = default_ranks(hints)
     index = index_parsed(parsed)
+    by_type = default_tolerances(index.elem_type(output) for output in index.graph_outputs)
+    rtol, atol = (by_type[0] if rtol is None else rtol), (by_type[1] if atol is None else atol)
     # onnxruntime loads the model while the analysis and the checker run (the session is only
     # used once both have passed); the weights must fit first.
     refuse_oversized_weights(index)
@@ -126,7 +147,23 @@ def verify(
             check_static(index, shapes, hints, layers, report, ranks)
             choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
             if ranks is not None:
-                _refuse_unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
+                unsplittable = _unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
+                fixed = None if asked else _unsplittable_fixed(shapes, hints, ranks, choose)
+                if unsplittable is not None and asked:
+                    raise InputError(
+                        f"--ranks {ranks}: {unsplittable}; choose --seq-lens accordingly"
+                    )
+                if unsplittable is not None:
+                    _not_simulated(
+                        report,
+                        ranks,
+                        unsplittable,
+                        f"give --seq-lens whose scattered axes divide by {ranks}, or --ranks",
+                    )
+                    ranks = None
+                elif fixed is not None:
+                    _not_simulated(report, ranks, fixed, "give --ranks a divisor of that size")
+                    ranks = None
             runtime = RuntimeCheck(
                 index, hints, by_q, report, seed, timeout, progress, shapes=shapes
             )
@@ -163,7 +200,12 @@ def verify(
                     observed="refused",
                 )
             elif isinstance(simulation, ShardcheckError):
-                raise simulation  # what the simulator cannot do, not a fault of the hints
+                if asked:
+                    raise simulation  # what the simulator cannot do, not a fault of the hints
+                matched = None
+                _not_simulated(
+                    report, ranks, simulation.message, "simulate the hints on other --ranks"
+                )
             else:
                 assert simulation is not None
                 settings = _SimulationSettings(ranks, rtol, atol, seed)
@@ -271,32 +313,70 @@ def _dim_chooser(
     return choose
 
 
-def _refuse_unsplittable_lengths(
+def default_ranks(hints: ShardHints) -> int:
+    """The ranks verify simulates unless told: the hints' own number (the largest nb_rank of
+    their collectives and fused attentions) when they give one above 1, else 2, the fewest
+    at which a cut shows."""
+    nb_ranks = [hints.dist_collectives.nb_rank]
+    nb_ranks += [layer.replace.nb_rank for layer in hints.attention_layers if layer.replace]
+    return max(nb_ranks) if max(nb_ranks) > 1 else DEFAULT_SIMULATED_RANKS
+
+
+def _not_simulated(report: Report, ranks: int, why: str, what_to_do: str) -> None:
+    """SC204: the default simulation could not run, and so proved nothing."""
+    report.add(
+        "SC204",
+        WARNING,
+        "simulation",
+        f"the CP simulation on {ranks} ranks did not run ({why}), so nothing shows that "
+        f"these hints give the single-device result when the model runs split: {what_to_do}",
+        expected="simulated",
+        observed="not run",
+    )
+
+
+def _unsplittable_lengths(
     shapes: ShapeInference,
     hints: ShardHints,
     ranks: int,
     seq_lens: Sequence[int],
     choose: DimChooser,
-) -> None:
-    """InputError for a length at which a scattered axis is not a multiple of the ranks."""
+) -> str | None:
+    """Why the simulation cannot run at ``seq_lens``: a length at which a scattered axis is
+    not a multiple of the ranks; None if it can."""
     # The dims a run's length sets: those that differ between two lengths.
     first, second = choose(seq_lens[0]), choose(seq_lens[1])
     lengths = [name for name, value in first.items() if second.get(name) != value]
     found = {n: first_unsplittable(shapes, hints, ranks, choose(n), lengths) for n in seq_lens}
     bad = {n: unsplit for n, unsplit in found.items() if unsplit is not None}
     if not bad:
-        return
+        return None
     if all(size == n for n, (_, size) in bad.items()):
         which = f"{listed([str(n) for n in bad])} {'is' if len(bad) == 1 else 'are'} not"
-        raise InputError(
-            f"--ranks {ranks}: every sequence length must be a multiple of the number of "
-            f"ranks ({which}); choose --seq-lens accordingly"
-        )
+        return f"every sequence length must be a multiple of the number of ranks ({which})"
     length, (tensor, size) = next(iter(bad.items()))
-    raise InputError(
-        f"--ranks {ranks}: at sequence length {length}, "
-        f"{unsplittable_message(tensor, size, ranks)}; choose --seq-lens accordingly"
-    )
+    return f"at sequence length {length}, {unsplittable_message(tensor, size, ranks)}"
+
+
+def _unsplittable_fixed(
+    shapes: ShapeInference, hints: ShardHints, ranks: int, choose: DimChooser
+) -> str | None:
+    """Why the simulation cannot run on ``ranks`` at any length: a scattered axis whose size
+    the model fixes (ViT's patches) is not a multiple of them; None if none is. (With
+    ``--ranks`` given, the simulation itself names it, as SC201.)"""
+    for tensor in hints.inputs:
+        shape = shapes.shape(tensor.name)
+        if shape is None or tensor.seq_len_idx >= len(shape):
+            continue
+        dim = shape[tensor.seq_len_idx]
+        size = size_at(dim, choose(DEFAULT_SEQ_LENS[0]))
+        fixed = size == size_at(dim, choose(DEFAULT_SEQ_LENS[1]))
+        if size is not None and size > 0 and size % ranks and fixed:
+            return (
+                f"{tensor.name!r} is scattered along its axis {tensor.seq_len_idx}, which the "
+                f"model fixes at {counted(size, 'position')}, not a multiple of the {ranks} ranks"
+            )
+    return None
 
 
 # --------------------------------------------------------------------------- simulation

@@ -330,3 +330,29 @@ def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Pat
     again = run_verify(manifest.models[0], hints)
     assert (again.ok, again.text) == (verified.verify.ok, verified.verify.text)
     assert result.to_json()["models"][0]["verify"]["ok"] == direct.ok
+
+
+def test_check_verify_simulates_cp_on_2_ranks_and_fails_hints_the_simulation_rejects(
+    tmp_path: Path,
+) -> None:
+    # GPT-2 with gen's --io graph (Polygraphy's cut of the graph inputs): its axes fit, but each
+    # rank counts its positions from 0, which only the simulation shows. The entry names no
+    # ranks: check --verify simulates on verify's 2, as plain verify does.
+    shutil.copy(FIXTURES / "real" / "ts_gpt2_tiny.onnx", tmp_path)
+    options = GenOptions.from_mapping({"io": "graph"})
+    hints = generate(load_index(tmp_path / "ts_gpt2_tiny.onnx"), options).hints
+    (tmp_path / "gpt2.json").write_text(dumps(hints))
+    manifest_path = tmp_path / "shardcheck.toml"
+    manifest_path.write_text(
+        '[[tool.shardcheck.models]]\npath = "ts_gpt2_tiny.onnx"\ngolden = "gpt2.json"\n'
+        'gen = { io = "graph" }\nverify = true\n'
+    )
+    [result] = run_check(load_manifest(manifest_path), verify=True).models
+    assert result.golden is not None and result.golden.status == "ok"
+    assert result.status == "failed"
+    assert result.verify is not None and result.verify.report is not None
+    runs = [run for run in result.verify.report["runs"] if run.get("simulation")]
+    assert [(run["ranks"], run["seq_len"], run["ok"]) for run in runs] == [(2, 8, False)]
+    assert [f["code"] for f in result.verify.report["findings"] if f["level"] == "error"] == [
+        "SC201"
+    ]

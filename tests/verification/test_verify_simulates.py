@@ -1,0 +1,100 @@
+"""verify proves by default: the CP simulation is part of every verify (2 ranks unless the hints'
+nb_rank or --ranks says otherwise), --no-simulate skips it, and what it could not prove is said."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, GOLDEN, read_json, run_cli, simulated_lengths
+
+from shardcheck.errors import InputError
+from shardcheck.hints.files import read_hints
+from shardcheck.verification.verify import default_ranks, verify
+
+REAL = FIXTURES / "real"
+GPT2 = REAL / "ts_gpt2_tiny.onnx"
+GPT2_HINTS = GOLDEN / "real" / "ts_gpt2_tiny.json"
+
+
+@pytest.fixture
+def graph_cut_hints(tmp_path: Path) -> Path:
+    """Polygraphy's cut of GPT-2 (its graph inputs): every axis fits, but each rank counts its
+    positions from 0 (a Range of its local length), which only the simulation shows."""
+    path = tmp_path / "graph.json"
+    assert run_cli("gen", GPT2, "--io", "graph", "-o", path).exit_code == 0
+    return path
+
+
+def test_plain_verify_simulates_on_2_ranks_at_each_length() -> None:
+    report = verify(GPT2, GPT2_HINTS)
+    assert report.ok, report.render_text()
+    assert simulated_lengths(report) == [(8, True), (16, True)]
+    assert {run["ranks"] for run in report.runs if run.get("simulation")} == {2}
+
+
+def test_plain_verify_fails_hints_whose_axes_fit_but_whose_split_run_differs(
+    graph_cut_hints: Path,
+) -> None:
+    unsimulated = verify(GPT2, graph_cut_hints, simulate=False)
+    assert unsimulated.ok, unsimulated.render_text()  # the axis checks alone pass them
+    plain = run_cli("verify", GPT2, graph_cut_hints)
+    assert plain.exit_code == 1, plain.stdout
+    [mismatch] = [line for line in plain.stdout.splitlines() if line.startswith("SC201 error:")]
+    assert "first difference on rank 1 at tensor '/model/Range_output_0'" in mismatch
+    assert plain.stdout.splitlines()[-1].startswith("FAIL: 1 error(s)")
+
+
+def test_no_simulate_skips_the_simulation_and_its_help_says_what_is_left_unproved(
+    graph_cut_hints: Path,
+) -> None:
+    result = run_cli("verify", GPT2, graph_cut_hints, "--no-simulate", "--format", "json")
+    assert result.exit_code == 0, result.stdout
+    document = json.loads(result.stdout)
+    assert not [run for run in document["runs"] if run.get("simulation")]
+    help_text = " ".join(run_cli("verify", "--help").stdout.split())
+    assert (
+        "--no-simulate Skip the CP simulation. Then only the axes, ranks and layers are "
+        "checked: nothing proves that the hints give the single-device result when the model "
+        "runs split."
+    ) in help_text
+
+
+def test_ranks_and_no_simulate_together_are_bad_input() -> None:
+    result = run_cli("verify", GPT2, GPT2_HINTS, "--ranks", "2", "--no-simulate")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "shardcheck: error: --ranks 2 and --no-simulate: --ranks is the number of ranks the "
+        "simulation runs on; give one of the two\n"
+    )
+
+
+def test_default_ranks_are_the_hints_nb_rank_above_1_else_2(tmp_path: Path) -> None:
+    hints = read_hints(GPT2_HINTS)
+    assert hints.dist_collectives.nb_rank == 1 and default_ranks(hints) == 2
+    document = read_json(GPT2_HINTS)
+    document["dist_collectives"]["nb_rank"] = 4
+    path = tmp_path / "four.json"
+    path.write_text(json.dumps(document))
+    assert default_ranks(read_hints(path)) == 4
+    report = verify(GPT2, path)
+    assert report.ok, report.render_text()
+    assert {run["ranks"] for run in report.runs if run.get("simulation")} == {4}
+
+
+def test_lengths_that_do_not_split_are_a_warning_by_default_and_bad_input_with_ranks() -> None:
+    report = verify(GPT2, GPT2_HINTS, seq_lens=(9, 18))
+    assert report.ok and simulated_lengths(report) == []
+    [warning] = [f for f in report.findings if f.code == "SC204"]
+    assert (warning.level, warning.message) == (
+        "warning",
+        "the CP simulation on 2 ranks did not run (every sequence length must be a multiple "
+        "of the number of ranks (9 is not)), so nothing shows that these hints give the "
+        "single-device result when the model runs split: give --seq-lens whose scattered axes "
+        "divide by 2, or --ranks",
+    )
+    strict = run_cli("verify", GPT2, GPT2_HINTS, "--seq-lens", "9,18", "--strict")
+    assert strict.exit_code == 1, strict.stdout
+    with pytest.raises(InputError, match=r"^--ranks 2: every sequence length must be a multiple"):
+        verify(GPT2, GPT2_HINTS, seq_lens=(9, 18), ranks=2)
