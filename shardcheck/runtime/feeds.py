@@ -2,9 +2,19 @@
 
 Feeds (``make_feeds``) are random, seeded, of each input's declared type. An integer input that
 indexes an embedding table (it reaches a ``Gather`` of an initializer as the indices, possibly
-through Reshape/Cast/Unsqueeze-like ops) stays below the table size; integer or bool inputs
-named like masks are all ones (True); other integer inputs are 0 or 1. The dims come from
-``sizes.resolve_dims``.
+through Reshape/Cast/Unsqueeze-like ops) stays below the table size; other integer inputs are
+0 or 1. The dims come from ``sizes.resolve_dims``.
+
+The inputs a tokenizer makes are made as it would, so that hints that cut or drop them show:
+
+- An integer or bool input named like a mask is a padding mask, ones (True) where a token is.
+  With a batch of 2 or more (its first axis a batch dim), every odd row is padded on the right:
+  its last ``padded_positions(S)`` positions along its last axis are zeros, an odd count of
+  about a third of the row (and never the whole row), so that neither the padding nor the
+  tokens divide evenly among an even number of ranks. Even rows, and a batch of 1, are all
+  ones.
+- An integer input named like position ids counts 0 to S-1 along its last axis in every row,
+  as a tokenizer's right padding leaves them (below the position table, when it indexes one).
 """
 
 from __future__ import annotations
@@ -15,10 +25,12 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
+from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.errors import InputError
 from shardcheck.graph.index import GraphIndex
 
 MASK_LIKE = re.compile(r"mask", re.IGNORECASE)
+POSITION_IDS_LIKE = re.compile(r"position|pos_ids", re.IGNORECASE)
 # Ops that carry indices unchanged (in value) from their first input to their output.
 INDEX_CARRYING_OPS = frozenset(
     "Reshape Flatten Unsqueeze Squeeze Cast Identity Expand Transpose Tile Slice".split()
@@ -88,12 +100,38 @@ def _random_values(
     if dtype in FLOAT_TYPES:
         return rng.standard_normal(shape).astype(dtype)
     if MASK_LIKE.search(name):
-        return np.ones(shape, dtype=dtype)
+        return padding_mask(shape, dtype, batched=_batched(index, name))
     if dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     table = embedding_table_size(index, name)
+    if POSITION_IDS_LIKE.search(name) and shape:
+        positions = np.arange(shape[-1]) if table is None else np.arange(shape[-1]) % table
+        return np.broadcast_to(positions, shape).astype(dtype)
     high = table if table is not None else 2
     return rng.integers(0, high, size=shape).astype(dtype)
+
+
+def padded_positions(length: int) -> int:
+    """How many positions a padded row of ``length`` ends in zeros: odd, about a third of
+    the row, at least one position left a token (none padded when the row has only one)."""
+    return min((length // 3) | 1, length - 1)
+
+
+def padding_mask(shape: tuple[int, ...], dtype: np.dtype, *, batched: bool) -> np.ndarray:
+    """Ones, with every odd row along the first axis padded on the right when ``batched``
+    (rules in the module docstring)."""
+    mask = np.ones(shape, dtype=dtype)
+    if batched and len(shape) >= 2 and shape[-1] > 0:
+        padded = padded_positions(shape[-1])
+        if padded > 0:
+            mask[1::2, ..., shape[-1] - padded :] = 0
+    return mask
+
+
+def _batched(index: GraphIndex, name: str) -> bool:
+    """Whether the input's first axis is a batch dim (named like one)."""
+    declared = index.declared_shape(name)
+    return bool(declared) and isinstance(declared[0], str) and bool(BATCH_LIKE.search(declared[0]))
 
 
 def embedding_table_size(index: GraphIndex, name: str) -> int | None:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from shardcheck import load_index, read_hints
 from shardcheck.errors import InputError
 from shardcheck.hints.model import ShardHints, ShardTensor
-from shardcheck.runtime.feeds import embedding_table_size, make_feeds
+from shardcheck.runtime.feeds import embedding_table_size, make_feeds, padded_positions
 from shardcheck.runtime.sessions import error_text, failed_node, make_session, run_model
 from shardcheck.runtime.sizes import resolve_dims
 
@@ -94,14 +94,50 @@ def test_feeds_have_the_declared_types_and_shapes_and_are_seeded() -> None:
 
 
 @pytest.mark.parametrize("name", ["ts_bert_tiny", "ts_gpt2_tiny", "dynamo_llama_tiny_gqa"])
-def test_token_ids_stay_inside_the_embedding_and_masks_are_ones(name: str) -> None:
+def test_token_ids_stay_inside_the_embedding_and_masks_are_ones_at_batch_1(name: str) -> None:
     index = load_index(REAL / f"{name}.onnx")
     size = embedding_table_size(index, "input_ids")
     assert size is not None and size > 2
     feeds = make_feeds(index, {"batch": 4, "sequence": 64}, seed=0)
     assert 0 <= feeds["input_ids"].min() and feeds["input_ids"].max() < size
     assert len(np.unique(feeds["input_ids"])) > 2
-    assert np.all(feeds["attention_mask"] == 1)
+    assert np.all(make_feeds(index, {"batch": 1, "sequence": 64}, seed=0)["attention_mask"] == 1)
+
+
+@pytest.mark.parametrize(
+    ("length", "padded"),
+    # An odd count of about a third of the row: 8 // 3 = 2 -> 3; 16 // 3 = 5; 64 // 3 = 21.
+    [(1, 0), (2, 1), (3, 1), (8, 3), (16, 5), (64, 21)],
+)
+def test_a_padded_row_ends_in_an_odd_third_of_zeros(length: int, padded: int) -> None:
+    assert padded_positions(length) == padded
+
+
+def test_at_batch_2_the_padding_mask_pads_odd_rows_at_lengths_no_ranks_divide() -> None:
+    index = load_index(REAL / "ts_bert_tiny.onnx")
+    mask = make_feeds(index, {"batch": 3, "sequence": 8}, seed=0)["attention_mask"]
+    tokens = [1] * 5 + [0] * 3  # 3 padded, 5 tokens: neither divides by 2 or 4 ranks
+    assert mask.tolist() == [[1] * 8, tokens, [1] * 8]
+    assert (
+        make_feeds(index, {"batch": 2, "sequence": 16}, seed=0)["attention_mask"][1].tolist()
+        == [1] * 11 + [0] * 5
+    )
+
+
+def test_position_ids_count_as_a_tokenizer_gives_them(tmp_path: Path) -> None:
+    path = tmp_path / "positions.onnx"
+    batch_seq = ["batch", "sequence"]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "position_ids"], ["y"], name="embed")],
+        "positions",
+        [helper.make_tensor_value_info("position_ids", TensorProto.INT64, batch_seq)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*batch_seq, 4])],
+        [helper.make_tensor("table", TensorProto.FLOAT, [32, 4], [0.0] * 128)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    feeds = make_feeds(load_index(path), {"batch": 2, "sequence": 6}, seed=0)
+    assert feeds["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5]] * 2
+    assert feeds["position_ids"].dtype == np.int64
 
 
 def test_float_inputs_are_random_and_a_missing_dim_is_named() -> None:

@@ -98,3 +98,32 @@ def test_lengths_that_do_not_split_are_a_warning_by_default_and_bad_input_with_r
     assert strict.exit_code == 1, strict.stdout
     with pytest.raises(InputError, match=r"^--ranks 2: every sequence length must be a multiple"):
         verify(GPT2, GPT2_HINTS, seq_lens=(9, 18), ranks=2)
+
+
+def test_a_replacement_that_drops_the_padding_mask_fails_the_simulation_at_batch_2(
+    tmp_path: Path,
+) -> None:
+    # BERT's layers add a padding mask to their scores; a fused attention takes none (SC128
+    # says so from the graph). With a batch of 2 the feeds pad row 1, so the simulation shows
+    # it too; at batch 1 the mask is all ones and dropping it changes nothing.
+    bert = REAL / "ts_bert_tiny.onnx"
+    gen = tmp_path / "native.json"
+    assert run_cli("gen", bert, "--nb-rank", "2", "-o", gen).exit_code == 0
+    document = read_json(gen)
+    for layer in document["attention_layers"]:
+        layer["replace"] = {
+            "is_causal": False,
+            "q_shuffle": None,
+            "k_shuffle": [0, 1, 3, 2],  # K enters the scores as [batch, heads, head, keys]
+            "v_shuffle": None,
+            "nb_rank": 2,
+            "polygraphy_class": "FusedAttention",
+        }
+    fused = tmp_path / "fused.json"
+    fused.write_text(json.dumps(document))
+    at_batch_1 = verify(bert, fused)
+    assert {f.code for f in at_batch_1.errors} == {"SC128"}, at_batch_1.render_text()
+    assert simulated_lengths(at_batch_1) == [(8, True), (16, True)]
+    at_batch_2 = verify(bert, fused, dims={"batch": 2})
+    assert {f.code for f in at_batch_2.errors} == {"SC128", "SC201"}, at_batch_2.render_text()
+    assert simulated_lengths(at_batch_2) == [(8, False)]
