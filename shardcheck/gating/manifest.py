@@ -9,6 +9,7 @@ here; each error is one line naming the file and the key, e.g.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -39,6 +40,8 @@ MODEL_KEYS = (
     "verify",
     "ranks",
     "seq-lens",
+    "rtol",
+    "atol",
     "strict",
     "timeout",
 )
@@ -67,6 +70,9 @@ class ModelEntry:
     verify: bool = False
     ranks: int | None = None
     seq_lens: tuple[int, ...] | None = None
+    # verify's simulation tolerances; None: by the outputs' element type.
+    rtol: float | None = None
+    atol: float | None = None
     strict: bool = False  # gen's warnings fail the model
     timeout: float = DEFAULT_VERIFY_TIMEOUT  # seconds verify may run
 
@@ -284,6 +290,8 @@ def _model(
         verify=verify,
         ranks=_ranks(raw, source, where),
         seq_lens=_seq_lens(raw, source, where),
+        rtol=_tolerance(raw, "rtol", source, where),
+        atol=_tolerance(raw, "atol", source, where),
         strict=_strict(raw, defaults["strict"], source, where),
         timeout=_timeout(raw, defaults["timeout"], source, where),
     )
@@ -361,6 +369,15 @@ def _ranks(raw: Mapping[str, Any], source: Path, where: str) -> int | None:
     if not is_integer(ranks) or ranks < 1:
         raise _error(source, f"{where}.ranks", f"expected an integer >= 1, got {shown(ranks)}")
     return ranks
+
+
+def _tolerance(raw: Mapping[str, Any], key: str, source: Path, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise _error(source, f"{where}.{key}", f"expected a finite number >= 0, got {shown(value)}")
+    return float(value)
 
 
 def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ...] | None:

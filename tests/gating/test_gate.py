@@ -332,8 +332,13 @@ def test_verify_runs_only_for_entries_that_ask_with_their_settings(tmp_path: Pat
     assert result.to_json()["models"][0]["verify"]["ok"] == direct.ok
 
 
+@pytest.mark.parametrize(
+    ("tolerances", "said"),
+    # float32 outputs: verify's defaults for them, unless the entry gives its own.
+    [("", "rtol 0.0001, atol 1e-05"), ("rtol = 0.5\natol = 0.25\n", "rtol 0.5, atol 0.25")],
+)
 def test_check_verify_simulates_cp_on_2_ranks_and_fails_hints_the_simulation_rejects(
-    tmp_path: Path,
+    tmp_path: Path, tolerances: str, said: str
 ) -> None:
     # GPT-2 with gen's --io graph (Polygraphy's cut of the graph inputs): its axes fit, but each
     # rank counts its positions from 0, which only the simulation shows. The entry names no
@@ -345,7 +350,7 @@ def test_check_verify_simulates_cp_on_2_ranks_and_fails_hints_the_simulation_rej
     manifest_path = tmp_path / "shardcheck.toml"
     manifest_path.write_text(
         '[[tool.shardcheck.models]]\npath = "ts_gpt2_tiny.onnx"\ngolden = "gpt2.json"\n'
-        'gen = { io = "graph" }\nverify = true\n'
+        'gen = { io = "graph" }\nverify = true\n' + tolerances
     )
     [result] = run_check(load_manifest(manifest_path), verify=True).models
     assert result.golden is not None and result.golden.status == "ok"
@@ -353,6 +358,5 @@ def test_check_verify_simulates_cp_on_2_ranks_and_fails_hints_the_simulation_rej
     assert result.verify is not None and result.verify.report is not None
     runs = [run for run in result.verify.report["runs"] if run.get("simulation")]
     assert [(run["ranks"], run["seq_len"], run["ok"]) for run in runs] == [(2, 8, False)]
-    assert [f["code"] for f in result.verify.report["findings"] if f["level"] == "error"] == [
-        "SC201"
-    ]
+    [error] = [f for f in result.verify.report["findings"] if f["level"] == "error"]
+    assert error["code"] == "SC201" and f"dims batch=1, sequence=8, {said}." in error["message"]

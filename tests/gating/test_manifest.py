@@ -27,6 +27,8 @@ gen = { compat = "polygraphy", cp-type = "fused", groups = [0, 1], is_causal = t
 verify = true
 ranks = 2
 seq-lens = [4, 12]
+rtol = 1e-2
+atol = 0
 """
 
 
@@ -60,6 +62,9 @@ def test_two_models_with_defaults_and_options(tmp_path: Path) -> None:
     assert head.golden_path == tmp_path / "golden" / "attention_head.json"
     assert head.gen == GenOptions()
     assert (gpt2.name, gpt2.verify, gpt2.ranks, gpt2.seq_lens) == ("gpt2", True, 2, (4, 12))
+    # Tolerances: None leaves them to verify (by the outputs' element type); an integer is a
+    # float too.
+    assert (head.rtol, head.atol, gpt2.rtol, gpt2.atol) == (None, None, 0.01, 0.0)
     assert (gpt2.path_text, gpt2.golden_text) == ("models/gpt2.onnx", "golden/gpt2.json")
     assert gpt2.gen == GenOptions(
         compat="polygraphy", cp_type="fused", groups=(0, 1), is_causal=True
@@ -154,7 +159,8 @@ INVALID = {
     "unknown model key": (
         GOOD + model(path='"b.onnx"', golden='"b.json"', rank="2"),
         "tool.shardcheck.models[1].rank: unknown key "
-        "(known keys: name, path, golden, gen, verify, ranks, seq-lens, strict, timeout)",
+        "(known keys: name, path, golden, gen, verify, ranks, seq-lens, rtol, atol, strict, "
+        "timeout)",
     ),
     "unknown top key": (
         'golden_directory = "golden"\n' + GOOD,
@@ -176,6 +182,26 @@ INVALID = {
     "ranks bool": (
         model(path='"a.onnx"', golden='"a.json"', ranks="true"),
         "tool.shardcheck.models[0].ranks: expected an integer >= 1, got true",
+    ),
+    "rtol negative": (
+        model(path='"a.onnx"', golden='"a.json"', rtol="-1e-3"),
+        "tool.shardcheck.models[0].rtol: expected a finite number >= 0, got -0.001",
+    ),
+    "atol not a number": (
+        model(path='"a.onnx"', golden='"a.json"', atol='"1e-3"'),
+        'tool.shardcheck.models[0].atol: expected a finite number >= 0, got "1e-3"',
+    ),
+    "atol nan": (
+        model(path='"a.onnx"', golden='"a.json"', atol="nan"),
+        "tool.shardcheck.models[0].atol: expected a finite number >= 0, got NaN",
+    ),
+    "rtol infinite": (
+        model(path='"a.onnx"', golden='"a.json"', rtol="inf"),
+        "tool.shardcheck.models[0].rtol: expected a finite number >= 0, got Infinity",
+    ),
+    "rtol bool": (
+        model(path='"a.onnx"', golden='"a.json"', rtol="true"),
+        "tool.shardcheck.models[0].rtol: expected a finite number >= 0, got true",
     ),
     "seq-lens empty": (
         model(path='"a.onnx"', golden='"a.json"', **{"seq-lens": "[]"}),
