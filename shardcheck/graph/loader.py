@@ -28,7 +28,13 @@ from shardcheck.fsio import nothing_read, why_unreadable
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.protos import full_onnx
-from shardcheck.graph.tensors import attribute_tensors, locations_of, model_tensors, node_tensors
+from shardcheck.graph.tensors import (
+    attribute_tensors,
+    locations_of,
+    model_tensors,
+    node_tensors,
+    sparse_as_dense,
+)
 from shardcheck.wording import shown
 
 if TYPE_CHECKING:
@@ -245,11 +251,30 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
         ) from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{source}: not an ONNX model (the protobuf has no graph or IR version)")
+    _densify_sparse_initializers(model)
     initializers = _scan_initializers(model)
     _check_external_tensors(initializers.external, file)
     # The bytes are kept for the checker and onnxruntime only if they are all the model is.
     kept = content if model_format == _PROTOBUF and not initializers.external else None
     return ParsedModel(model, source, file, kept, initializers)
+
+
+def _densify_sparse_initializers(model: onnx.ModelProto) -> None:
+    """Make the main graph's sparse initializers (a pruned projection weight) initializers like
+    the others, so that every stage sees them as weights: the index (their shapes), the
+    simulation's stages, the shard. One whose values are external stays as it is."""
+    graph = model.graph
+    if not graph.sparse_initializer:
+        return
+    kept = []
+    for sparse in graph.sparse_initializer:
+        dense = sparse_as_dense(sparse)
+        if dense is None:
+            kept.append(sparse)
+        else:
+            graph.initializer.append(dense)
+    del graph.sparse_initializer[:]
+    graph.sparse_initializer.extend(kept)
 
 
 def _deserialize(file: Path, content: bytes) -> tuple[str, onnx.ModelProto]:

@@ -103,6 +103,22 @@ def tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
     return full_onnx().numpy_helper.to_array(tensor)
 
 
+def sparse_as_dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto | None:
+    """A sparse tensor as the dense one it stands for; None when its values are external."""
+    if sparse.values.data_location == _EXTERNAL:
+        return None
+    import numpy as np
+
+    dims = [int(d) for d in sparse.dims]
+    values = tensor_value(sparse.values).reshape(-1)
+    indices = tensor_value(sparse.indices)
+    if indices.ndim == 2:  # one row of coordinates per value, else positions in the flat tensor
+        indices = np.ravel_multi_index(tuple(indices.T), dims)
+    flat = np.zeros(int(np.prod(dims)), dtype=values.dtype)
+    flat[indices.reshape(-1)] = values
+    return full_onnx().numpy_helper.from_array(flat.reshape(dims), sparse.values.name)
+
+
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """The files that hold the model's external tensors (locations relative to the model):
     those of its main graph, its subgraphs (If, Loop, Scan bodies) and its functions."""
