@@ -11,9 +11,10 @@ layers too. Each Softmax is looked at within a bounded neighbourhood: linear in 
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from shardcheck.analysis.einsum import context_roles, node_equation, score_roles
@@ -68,6 +69,9 @@ class AttentionLayer:
     causal: str | None  # how a causal mask is built, or None
     masks: tuple[str, ...] = ()  # tensors combined with the scores (additive or Where masks)
     sinks: tuple[str, ...] = ()  # sink logits Concat-ed to the scores (GPT-OSS)
+    # The dim K and V carry on their key axis when it is a context's, of its own length (a
+    # cross-attention to text), and no layer's query dim: every rank holds them whole.
+    kv_context: str | None = None
     polygraphy_patterns: tuple[int, ...] = field(default=())
     op_type: str = ""
     # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
@@ -101,7 +105,37 @@ def detect_attention(
     for pattern in (0, 1):
         for match in match_all(index, pattern):
             recognised.setdefault(match.matmul1.index, []).append(pattern)
-    return _detect(index, shapes or ShapeInference(index), recognised, look_for_causal=True)
+    shapes = shapes or ShapeInference(index)
+    return with_contexts(shapes, _detect(index, shapes, recognised, look_for_causal=True))
+
+
+def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[AttentionLayer]:
+    """``layers``, those whose K and V carry a context marked (``kv_context``): a symbolic key
+    dim that is no layer's symbolic query dim and holds none of their symbols (the sequence is
+    what the queries run along; DiT's text context of length T only feeds K and V). Queries
+    of fixed length (Perceiver's latents) say nothing of which dim is the sequence."""
+    query_dims = {
+        dim for layer in layers if isinstance(dim := _dim(shapes, layer.q, layer.q_axis), str)
+    }
+    symbols = {word for dim in query_dims for word in re.findall(r"\w+", str(dim))}
+    marked = []
+    for layer in layers:
+        key = _dim(shapes, layer.gathered_k, layer.k_axis)
+        value = _dim(shapes, layer.gathered_v, layer.v_axis)
+        if (
+            query_dims
+            and isinstance(key, str)
+            and key == value
+            and symbols.isdisjoint(re.findall(r"\w+", key))
+        ):
+            layer = replace(layer, kv_context=key)
+        marked.append(layer)
+    return marked
+
+
+def _dim(shapes: ShapeInference, tensor: str, axis: int | None) -> Dim:
+    shape = shapes.shape(tensor)
+    return shape[axis] if shape is not None and axis is not None and axis < len(shape) else None
 
 
 def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:

@@ -169,6 +169,16 @@ def fused_layout(index: GraphIndex, shapes: ShapeInference, layer: AttentionLaye
     its causality; a problem when the layer has another mask or layout."""
     site = fused_site(index, layer)
     is_causal = layer.causal is not None
+    if layer.kv_context:
+        # Its K and V are whole on every rank: the fused op would gather nb_rank copies.
+        return FusedLayout(
+            None,
+            None,
+            None,
+            is_causal,
+            f"its K and V carry the context dim {layer.kv_context}, which every rank holds "
+            "whole: it stays native and nothing is gathered",
+        )
     if site.problem:
         return FusedLayout(None, None, None, is_causal, site.problem)
     shuffles = expected_shuffles(shapes, site)

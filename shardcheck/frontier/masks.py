@@ -22,10 +22,12 @@ def layer_seeds(
     """The tensors the walk back starts from, with their sequence axes: each layer's Q, K and
     V, and those of its masks whose rows each rank needs."""
     for layer in layers:
+        # K and V of a context (cross-attention to another length) stay whole on every rank.
+        kv_axes = (None, None) if layer.kv_context else (layer.k_axis, layer.v_axis)
         for tensor, axis in (
             (layer.q, layer.q_axis),
-            (layer.gathered_k, layer.k_axis),
-            (layer.gathered_v, layer.v_axis),
+            (layer.gathered_k, kv_axes[0]),
+            (layer.gathered_v, kv_axes[1]),
         ):
             if axis is not None:
                 yield tensor, axis

@@ -70,7 +70,8 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
         replacements, about_fused = fused_replacements(index, shapes, layers, options)
         warnings.extend(about_fused)
     found = ShardHints(inputs=inputs, outputs=outputs, **kv_axes)
-    hints = with_options(found, options, (layer.q for layer in layers), replacements)
+    contexts = {layer.q for layer in layers if layer.kv_context}
+    hints = with_options(found, options, (layer.q for layer in layers), replacements, contexts)
     return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
 
 

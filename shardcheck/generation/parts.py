@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.detect import AttentionLayer
@@ -28,14 +28,21 @@ def with_options(
     options: GenOptions,
     queries: Iterable[str],
     replacements: Mapping[str, FusedAttention | None] | None = None,
+    whole_kv: Collection[str] = (),
 ) -> ShardHints:
     """``hints`` (the tensors and K/V axes a mode found) with what the options set: the
     parallelism, the collectives, and a hint for each layer of ``queries``, in that order.
     ``replacements``: each layer's own fused replacement (None: native), inferred; without,
-    the options' one for every layer."""
+    the options' one for every layer. ``whole_kv``: the queries of layers whose K and V every
+    rank holds whole (a context's): native, nothing gathered."""
     return hints.with_changes(
         parallelism=options.parallelism,
-        attention_layers=tuple(_layer_hint(q, options, replacements) for q in queries),
+        attention_layers=tuple(
+            AttentionLayerHint(q=q, gather_kv=False, gather_q=False, replace=None)
+            if q in whole_kv
+            else _layer_hint(q, options, replacements)
+            for q in queries
+        ),
         dist_collectives=_collectives(options),
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import pattern1_layers
 from shardcheck.analysis.shapes import ShapeInference
@@ -77,7 +79,7 @@ def check_static(
     }
     # Only K or V computed from a scattered tensor is split across the ranks and needs the
     # layer's gather (cross-attention over a whole memory needs none).
-    scattered = _Scattered(index, hints)
+    scattered = _Scattered(index, hints, shapes, layers)
     for layer in layers:
         if layer.q not in hinted:
             if not scattered.reaches(layer):
@@ -326,19 +328,63 @@ def _check_scattered_and_gathered(hints: ShardHints, report: Report) -> None:
 
 class _Scattered:
     """The tensors computed from the hinted inputs (which are scattered), found when first
-    asked about."""
+    asked about.
 
-    def __init__(self, index: GraphIndex, hints: ShardHints) -> None:
+    Through Shape too (a length taken from a scattered tensor is a local one), but not past a
+    shape-like value that shape inference knows as plain numbers: the same on every rank (the
+    head size an SDPA scale reads from Q's Shape). And an attention layer's output is reached
+    only when its Q is: with its K and V gathered, a layer whose queries are whole (Perceiver's
+    latents attending to a scattered input) computes a whole output on every rank."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        hints: ShardHints,
+        shapes: ShapeInference,
+        layers: list[AttentionLayer],
+    ) -> None:
         self.index = index
+        self.shapes = shapes
         self.starts = [t.name for t in hints.inputs]
+        self.layer_outputs = {layer.output: layer.q for layer in layers}
         self._reached: set[str] | None = None
 
     def reaches(self, layer: AttentionLayer) -> bool:
-        """Whether the layer's gathered K or V is computed from a scattered tensor (through
-        Shape too: a length taken from a scattered tensor is a local one)."""
+        """Whether the layer's gathered K or V is computed from a scattered tensor."""
         if self._reached is None:
-            self._reached = self.index.computed_from(self.starts)
+            self._reached = self._walk()
         return layer.gathered_k in self._reached or layer.gathered_v in self._reached
+
+    def _walk(self) -> set[str]:
+        layer_outputs = self.layer_outputs
+        reached = set(self.starts)
+        queue = deque(self.starts)
+        waiting: dict[str, list[str]] = {}  # a layer's Q -> its outputs, met before it
+        while queue:
+            tensor = queue.popleft()
+            for output in (*waiting.pop(tensor, ()), *self._next(tensor)):
+                if output in reached or self._fixed(output):
+                    continue
+                q = layer_outputs.get(output)
+                if q is not None and q not in reached:
+                    waiting.setdefault(q, []).append(output)
+                    continue
+                reached.add(output)
+                queue.append(output)
+        return reached
+
+    def _next(self, tensor: str) -> list[str]:
+        nodes = self.index.nodes
+        return [
+            output
+            for at in self.index.consumers.get(tensor, ())
+            for output in nodes[at].outputs
+            if output
+        ]
+
+    def _fixed(self, tensor: str) -> bool:
+        value = self.shapes.value(tensor)
+        return value is not None and all(isinstance(dim, int) for dim in value)
 
 
 def check_given_rank(

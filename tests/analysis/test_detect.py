@@ -38,11 +38,17 @@ def test_every_layer_found_with_its_q_k_v_and_axes(name: str) -> None:
             assert layer.gathered_k == expected["scores_matmul"]["inputs"][1]
             assert layer.gathered_v == expected["probs_matmul"]["inputs"][1]
             assert layer.output == expected["probs_matmul"]["output"]
+        # K and V of a cross-attention carry a context's length: its axis (measured too).
+        key_axes = [expected[f"{role}_seq_axis"] for role in "kv"]
+        contexts = [expected.get(f"{role}_context_axis") for role in "kv"]
         assert (layer.q_axis, layer.k_axis, layer.v_axis) == (
             expected["q_seq_axis"],
-            expected["k_seq_axis"],
-            expected["v_seq_axis"],
+            *(
+                context if axis is None else axis
+                for axis, context in zip(key_axes, contexts, strict=True)
+            ),
         )
+        assert (layer.kv_context is not None) == (contexts != [None, None])
 
 
 @pytest.mark.parametrize("name", sorted(TRUTH))
