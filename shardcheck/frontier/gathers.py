@@ -26,6 +26,8 @@ def walk_forward(
     sources: ShapeSources | None = None,
     region: set[str] | None = None,
     reads_whole: WholeReads | None = None,
+    *,
+    whole_outputs: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, int], set[int]]:
     """The tensors to gather, and the position-wise nodes after the attention layers; a
     tensor gathered that also feeds position-wise ops is warned of in ``warnings``.
@@ -37,7 +39,8 @@ def walk_forward(
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
     for layer in layers:
-        if layer.q_axis is not None and not layer.packed:
+        # ``whole_outputs``: layers computed whole from a gather inside them (exposed.py).
+        if layer.q_axis is not None and not layer.packed and layer.output not in whole_outputs:
             rank = mapper.shapes.rank(layer.output)
             if rank is not None:
                 axis = layer.output_axis

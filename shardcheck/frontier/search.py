@@ -20,6 +20,7 @@ from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dim
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.exactness import warn_no_exact_cut
+from shardcheck.frontier.exposed import exposed_in_region, exposed_layers
 from shardcheck.frontier.gathers import WholeReads, gathered_kv, walk_forward
 from shardcheck.frontier.masks import layer_seeds, whole_sized_masks
 from shardcheck.frontier.region import BackWalk
@@ -66,11 +67,15 @@ def find_frontier(
     # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
     # A layer computing Q, K and V from one input (a packed com.microsoft Attention) gets that
     # input gathered as its K and V, and so its Q: its output is whole on every rank.
-    whole: set[str] = {layer.output for layer in layers if layer.packed}
-    layer_outputs = {layer.output: layer for layer in layers if not layer.packed}
+    # So is the output of a layer whose Q or inside is a graph output, gathered there.
+    exposed = exposed_layers(index, shapes, layers)
+    whole: set[str] = {layer.output for layer in layers if layer.packed} | exposed.outputs
+    layer_outputs = {layer.output: layer for layer in layers if layer.output not in whole}
     # This first walk only gives the nodes after the layers; the last one, once the region is
     # known, gives the tensors to gather and the warnings.
-    _, forward_nodes = walk_forward(index, mapper, layers, [])
+    _, forward_nodes = walk_forward(
+        index, mapper, layers, [], whole_outputs=frozenset(exposed.outputs)
+    )
     ids = TensorIds(index)
     layer_output_flags = ids.flags(layer_outputs)
     inside_layers = {node for layer in layers for node in layer.internal}
@@ -85,6 +90,8 @@ def find_frontier(
         needed = must_be_whole(index, ids, walked, forward_nodes, layer_output_flags, cut_lengths)
         needed |= sized_whole(index, mapper, sources, walked)
         needed |= sliced_beside(ids, walked)
+        needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
+        needed |= exposed.read_beside(index, layers, walked)
         needed -= whole
         masks = whole_sized_masks(
             index, shapes, mapper, sources, layers, (region, layers_own), seeds
@@ -98,13 +105,24 @@ def find_frontier(
         whole |= needed
         seeds.extend(masks)
     order = GraphOrder(index)
-    result.inputs = in_graph_order(order, shapes, cut)
+    result.inputs = in_graph_order(
+        order, shapes, {name: axis for name, axis in cut.items() if name not in exposed.queries}
+    )
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
     gathered = _gathered(
-        index, mapper, layers, result.warnings, sources, set(region), walked.cut_ids, inside_layers
+        index,
+        mapper,
+        layers,
+        result.warnings,
+        sources,
+        set(region),
+        walked.cut_ids,
+        inside_layers,
+        whole_outputs=frozenset(exposed.outputs),
     )
+    gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
     result.outputs = in_graph_order(order, shapes, gathered)
     warn_no_exact_cut(
         index, shapes, mapper, layers, sources, walked, gathered, cut_lengths, seq, result.warnings
@@ -121,6 +139,8 @@ def _gathered(
     region: set[str],
     cut: list[int],
     inside_layers: set[int],
+    *,
+    whole_outputs: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """The tensors to gather (with their axes); the warnings of the walk forward go to
     ``warnings``.
@@ -137,7 +157,14 @@ def _gathered(
         reads_whole = WholeReads(sources.derived, forced, inside_layers)
         walk_warnings: list[str] = []
         gathered, _ = walk_forward(
-            index, mapper, layers, walk_warnings, sources, region, reads_whole
+            index,
+            mapper,
+            layers,
+            walk_warnings,
+            sources,
+            region,
+            reads_whole,
+            whole_outputs=whole_outputs,
         )
         reached = reads_whole.reached
         unsettled = [(node, name) for node, name in reads_whole.pending if name not in reached]
