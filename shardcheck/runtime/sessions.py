@@ -59,17 +59,19 @@ def make_session(
 
     Nodes run in onnxruntime's priority-based order, which follows the graph: its default
     order can run every node that reads only weights (a Linear's Transpose) first, so that all
-    their outputs, as large as the weights, are alive at once. Weights are not prepacked: a
-    packed copy of each MatMul weight would double the memory the weights take, for runs too
-    few and too short to gain from it.
+    their outputs, as large as the weights, are alive at once.
 
     ``weights_dir``: the directory of the model file, where its external weight files are.
     The external initializers (``model``'s own, or ``initializers`` when ``model`` is bytes)
     are handed to onnxruntime over the one mapping of their file that every session of the
-    process shares (weights.py); any it cannot take so it reads from there itself. Either way
-    no copy of every weight goes inside ``model``: a model over 2 GB could not be serialized
-    with its weights in it, and the copy would double the memory the weights take. ``source``
-    names the model in the error raised for a weight file cut short (InputError).
+    process shares (weights.py); any it cannot take so it reads from there itself. The weights
+    so lent are not prepacked: a packed copy of each MatMul weight, beside the lent one that
+    onnxruntime cannot free, would double the memory they take (for runs too few and short to
+    gain from it). Prepacking stays on otherwise: without it onnxruntime makes the sessions of
+    deep graphs slower, more than in proportion to their nodes (docs/performance.md). Either
+    way no copy of every weight goes inside ``model``: a model over 2 GB could not be
+    serialized with its weights in it, and the copy would double the memory the weights take.
+    ``source`` names the model in the error raised for a weight file cut short (InputError).
     """
     import onnxruntime
 
@@ -81,7 +83,6 @@ def make_session(
     options.log_severity_level = 4
     options.enable_cpu_mem_arena = False
     options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
-    options.add_session_config_entry("session.disable_prepacking", "1")
     shared: dict[str, Any] = {}
     if weights_dir is not None:
         folder = Path(weights_dir).resolve()
@@ -92,6 +93,8 @@ def make_session(
         shared = shared_initializers(tensors, folder, source)
         for name, value in shared.items():
             options.add_initializer(name, value)
+        if shared:  # onnxruntime cannot free weights it was lent once it has packed them
+            options.add_session_config_entry("session.disable_prepacking", "1")
     serialized = model if isinstance(model, bytes) else model.SerializeToString()
     global _made_a_session
     _made_a_session = True
