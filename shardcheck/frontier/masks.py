@@ -83,8 +83,15 @@ def whole_sized_masks(
                     s for name in inputs if name not in sources.derived for s in sources.of(name)
                 }
                 positional = producer is not None and _relative_position(index, producer)
-                if positional or any(
-                    source not in region and source not in layers_own for source in sized_by
+                # A constant holding the query rows (a fixed-length export's mask, Expand-ed
+                # by the batch only: the dynamo DeiT's) keeps them whole on every rank.
+                rows = (producer is None or producer.op_type == "Constant") and shape[-2] in (
+                    shapes.shape(origin) or ()
+                )
+                if (
+                    rows
+                    or positional
+                    or any(source not in region and source not in layers_own for source in sized_by)
                 ):
                     found.append((mask, axis))
                     seeded.add(mask)
