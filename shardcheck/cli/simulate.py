@@ -30,7 +30,7 @@ from shardcheck.wording import one_line
     help="Sequence length (a multiple of --ranks).",
 )
 @DIM_OPTION
-@tolerance_options()
+@tolerance_options(by_type=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @FORMAT_OPTION
 @QUIET_OPTION

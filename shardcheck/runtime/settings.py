@@ -67,12 +67,21 @@ def default_tolerances(elem_types: Iterable[int | None]) -> tuple[float, float]:
     return max(known, default=TOLERANCES_BY_TYPE[TensorProto.FLOAT])
 
 
+def tolerances_or_defaults(
+    rtol: float | None, atol: float | None, elem_types: Iterable[int | None]
+) -> tuple[float, float]:
+    """``rtol`` and ``atol`` as given, each one None replaced by the default of the outputs'
+    ``elem_types`` (``default_tolerances``)."""
+    default_rtol, default_atol = default_tolerances(elem_types)
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
 def refuse_bad_ranks(ranks: int) -> None:
     if ranks < 1:
         raise InputError(f"--ranks {ranks}: expected at least 1 rank")
 
 
-def refuse_bad_run_settings(seq_len: int, rtol: float, atol: float) -> None:
+def refuse_bad_run_settings(seq_len: int, rtol: float | None, atol: float | None) -> None:
     """The settings of one simulated run: its tolerances, then its length."""
     refuse_bad_tolerances(rtol, atol)
     refuse_bad_seq_len(seq_len)

@@ -32,7 +32,11 @@ from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.feeds import make_feeds
 from shardcheck.runtime.memory import refuse_oversized_run, refuse_oversized_weights
 from shardcheck.runtime.sessions import error_text, make_session, onnxruntime_errors
-from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_run_settings
+from shardcheck.runtime.settings import (
+    refuse_bad_ranks,
+    refuse_bad_run_settings,
+    tolerances_or_defaults,
+)
 from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
 from shardcheck.runtime.supervised import watched_run
 from shardcheck.sharding.rewrite import shard_model
@@ -109,12 +113,13 @@ def simulate(
     ranks: int,
     seq_len: int,
     dims: Mapping[str, int] | None = None,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
+    rtol: float | None = None,
+    atol: float | None = None,
     seed: int = 0,
 ) -> SimulationResult:
     """Shard ``model_path`` with ``hints``, run it on ``ranks`` simulated ranks and compare
-    every rank's outputs with the single-device run on the same seeded inputs."""
+    every rank's outputs with the single-device run on the same seeded inputs (within
+    ``rtol`` and ``atol``; by default those of the outputs' element type)."""
     refuse_bad_ranks(ranks)
     refuse_bad_run_settings(seq_len, rtol, atol)
     simulation = Simulation(model_path, hints, ranks=ranks)
@@ -267,8 +272,8 @@ class Simulation:
         seq_len: int,
         *,
         dims: Mapping[str, int] | None = None,
-        rtol: float = 1e-4,
-        atol: float = 1e-5,
+        rtol: float | None = None,
+        atol: float | None = None,
         seed: int = 0,
         reference: ReferenceRun | None = None,
     ) -> SimulationResult:
@@ -285,13 +290,15 @@ class Simulation:
         self,
         seq_len: int,
         dims: Mapping[str, int] | None,
-        rtol: float,
-        atol: float,
+        rtol: float | None,
+        atol: float | None,
         seed: int,
         reference: ReferenceRun | None,
     ) -> SimulationResult:
         refuse_bad_run_settings(seq_len, rtol, atol)
         index, simulator = self.index, self.simulator
+        output_types = (index.elem_type(output) for output in index.graph_outputs)
+        rtol, atol = tolerances_or_defaults(rtol, atol, output_types)
         resolved = resolve_dims(index, self.hints, seq_len, dims or {}, self.shapes)
         lengths = sequence_dims(index, self.hints, dims or {}, self.shapes)
         # The dims set to the length (verify hands its own dims, its batch among them).

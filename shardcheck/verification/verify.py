@@ -35,11 +35,11 @@ from shardcheck.hints.model import ShardHints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.memory import refuse_oversized_weights
 from shardcheck.runtime.settings import (
-    default_tolerances,
     refuse_bad_ranks,
     refuse_bad_seq_lens,
     refuse_bad_timeout,
     refuse_bad_tolerances,
+    tolerances_or_defaults,
 )
 from shardcheck.runtime.sizes import default_dim, refuse_bad_user_dims, resolve_dims
 from shardcheck.runtime.supervised import run_supervised, send_progress
@@ -130,8 +130,8 @@ def verify(
     if simulate and ranks is None:
         ranks = default_ranks(hints)
     index = index_parsed(parsed)
-    by_type = default_tolerances(index.elem_type(output) for output in index.graph_outputs)
-    rtol, atol = (by_type[0] if rtol is None else rtol), (by_type[1] if atol is None else atol)
+    output_types = (index.elem_type(output) for output in index.graph_outputs)
+    rtol, atol = tolerances_or_defaults(rtol, atol, output_types)
     # onnxruntime loads the model while the analysis and the checker run (the session is only
     # used once both have passed); the weights must fit first.
     refuse_oversized_weights(index)

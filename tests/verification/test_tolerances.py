@@ -75,3 +75,12 @@ def test_check_verify_gates_fp16_exports_with_the_manifests_tolerances(tmp_path:
     manifest.write_text("\n".join(entry + "rtol = 0\natol = 0\n" for entry in entries))
     exact = run_check(load_manifest(manifest), verify=True)
     assert [(r.entry.name, r.status) for r in exact.models] == [(n, "failed") for n in FP16]
+
+
+def test_simulate_takes_the_same_defaults_by_type() -> None:
+    from shardcheck.simulation.simulate import simulate
+
+    name = "ts_llama_tiny_gqa_fp16"
+    result = simulate(REAL / f"{name}.onnx", GOLDEN / "real" / f"{name}.json", ranks=2, seq_len=8)
+    assert result.ok, result.summary()
+    assert (result.rtol, result.atol) == (1e-2, 1e-3)
