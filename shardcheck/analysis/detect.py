@@ -69,9 +69,13 @@ class AttentionLayer:
     causal: str | None  # how a causal mask is built, or None
     masks: tuple[str, ...] = ()  # tensors combined with the scores (additive or Where masks)
     sinks: tuple[str, ...] = ()  # sink logits Concat-ed to the scores (GPT-OSS)
-    # The dim K and V carry on their key axis when it is a context's, of its own length (a
-    # cross-attention to text), and no layer's query dim: every rank holds them whole.
-    kv_context: str | None = None
+    # The dim K and V carry on their key axis when it is no sequence's: a context of its own
+    # length (a cross-attention to text), or latents of a fixed length attending to each other
+    # in a model whose sequence is symbolic. Every rank holds them whole.
+    kv_context: Dim = None
+    # The fixed number of queries of a learned latent array (Perceiver), in a model whose
+    # sequence is symbolic: every rank holds Q whole, and computes the output whole.
+    latents: int | None = None
     polygraphy_patterns: tuple[int, ...] = field(default=())
     op_type: str = ""
     # Indices of the nodes from the score MatMul to the context MatMul (or the fused node).
@@ -110,27 +114,41 @@ def detect_attention(
 
 
 def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[AttentionLayer]:
-    """``layers``, those whose K and V carry a context marked (``kv_context``): a symbolic key
-    dim that is no layer's symbolic query dim and holds none of their symbols (the sequence is
-    what the queries run along; DiT's text context of length T only feeds K and V). Queries
-    of fixed length (Perceiver's latents) say nothing of which dim is the sequence."""
-    query_dims = {
-        dim for layer in layers if isinstance(dim := _dim(shapes, layer.q, layer.q_axis), str)
-    }
-    symbols = {word for dim in query_dims for word in re.findall(r"\w+", str(dim))}
+    """``layers``, with what carries no sequence marked. K and V carry a context
+    (``kv_context``) on a symbolic key dim that is no layer's symbolic query dim and holds none
+    of their symbols (the sequence is what the queries run along; DiT's text context of length
+    T only feeds K and V). In a model whose sequence is symbolic, a fixed number of queries is
+    a learned latent array (``latents``, Perceiver's), and K and V of a fixed length beside
+    them are the latents too; in a model of fixed length (ViT's patches) a fixed size says
+    nothing."""
+    dims = [tuple(_dim(shapes, t, a) for t, a in _qkv_axes(layer)) for layer in layers]
+    query_dims = {q for q, _, _ in dims if isinstance(q, str)}
+    symbolic = bool(query_dims) or any(isinstance(k, str) for _, k, _ in dims)
+    symbols = {word for dim in query_dims for word in re.findall(r"\w+", dim)}
     marked = []
-    for layer in layers:
-        key = _dim(shapes, layer.gathered_k, layer.k_axis)
-        value = _dim(shapes, layer.gathered_v, layer.v_axis)
-        if (
-            query_dims
-            and isinstance(key, str)
-            and key == value
-            and symbols.isdisjoint(re.findall(r"\w+", key))
-        ):
-            layer = replace(layer, kv_context=key)
+    for layer, (query, key, value) in zip(layers, dims, strict=True):
+        latents = query if isinstance(query, int) and symbolic else None
+        # A fixed key length beside symbolic queries is a length traced into a Reshape.
+        context = key == value and (
+            (isinstance(key, int) and latents is not None)
+            or (
+                isinstance(key, str)
+                and bool(query_dims)
+                and symbols.isdisjoint(re.findall(r"\w+", key))
+            )
+        )
+        if context or latents is not None:
+            layer = replace(layer, kv_context=key if context else None, latents=latents)
         marked.append(layer)
     return marked
+
+
+def _qkv_axes(layer: AttentionLayer) -> tuple[tuple[str, int | None], ...]:
+    return (
+        (layer.q, layer.q_axis),
+        (layer.gathered_k, layer.k_axis),
+        (layer.gathered_v, layer.v_axis),
+    )
 
 
 def _dim(shapes: ShapeInference, tensor: str, axis: int | None) -> Dim:
@@ -139,10 +157,15 @@ def _dim(shapes: ShapeInference, tensor: str, axis: int | None) -> Dim:
 
 
 def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
-    """The dim on the first layer's query axis (None when unknown)."""
-    first = layers[0]
-    q_shape = shapes.shape(first.q)
-    return q_shape[first.q_axis] if q_shape is not None and first.q_axis is not None else None
+    """The dim on the first layer's query axis (None when unknown); where every layer's
+    queries are latents, the key dim of the first that attends to the sequence."""
+    for layer in layers:
+        if layer.latents is None:
+            return _dim(shapes, layer.q, layer.q_axis)
+    for layer in layers:
+        if layer.kv_context is None:
+            return _dim(shapes, layer.gathered_k, layer.k_axis)
+    return _dim(shapes, layers[0].q, layers[0].q_axis)
 
 
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:

@@ -40,7 +40,9 @@ def walk_forward(
     queue: deque[tuple[str, int]] = deque()
     for layer in layers:
         # ``whole_outputs``: layers computed whole from a gather inside them (exposed.py).
-        if layer.q_axis is not None and not layer.packed and layer.output not in whole_outputs:
+        # Latents attending to the sequence compute their output whole on every rank.
+        whole = layer.packed or layer.latents is not None or layer.output in whole_outputs
+        if layer.q_axis is not None and not whole:
             rank = mapper.shapes.rank(layer.output)
             if rank is not None:
                 axis = layer.output_axis

@@ -22,15 +22,19 @@ def layer_seeds(
     """The tensors the walk back starts from, with their sequence axes: each layer's Q, K and
     V, and those of its masks whose rows each rank needs."""
     for layer in layers:
-        # K and V of a context (cross-attention to another length) stay whole on every rank.
-        kv_axes = (None, None) if layer.kv_context else (layer.k_axis, layer.v_axis)
+        # K and V of a context (cross-attention to another length) stay whole on every rank,
+        # as do latents: their queries, and the rows of their masks.
+        kv_axes = (None, None) if layer.kv_context is not None else (layer.k_axis, layer.v_axis)
+        q_axis = None if layer.latents is not None else layer.q_axis
         for tensor, axis in (
-            (layer.q, layer.q_axis),
+            (layer.q, q_axis),
             (layer.gathered_k, kv_axes[0]),
             (layer.gathered_v, kv_axes[1]),
         ):
             if axis is not None:
                 yield tensor, axis
+        if layer.latents is not None:
+            continue
         for mask in layer.masks:
             mask_shape = shapes.shape(mask)
             if mask_shape is None or len(mask_shape) < 2 or always_one(mask_shape[-2]):

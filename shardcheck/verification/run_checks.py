@@ -324,7 +324,9 @@ class RuntimeCheck:
                     )
             axes = changing(layer.q)
             query = len(first.get(layer.q, ())) - 2 if layer.q_axis is None else layer.q_axis
-            if axes is not None and axes != [query]:
+            # A Q that does not change with the length is a fixed number of queries (learned
+            # latents), held whole: no query axis to check.
+            if axes and axes != [query]:
                 self.report.add(
                     "SC118",
                     WARNING,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from shardcheck.analysis.detect import AttentionLayer
@@ -331,8 +332,9 @@ class _Scattered:
     asked about.
 
     Through Shape too (a length taken from a scattered tensor is a local one), but not past a
-    shape-like value that shape inference knows as plain numbers: the same on every rank (the
-    head size an SDPA scale reads from Q's Shape). And an attention layer's output is reached
+    shape-like value that shape inference knows holds none of the scattered axes' symbols: the
+    same on every rank (the head size an SDPA scale reads from Q's Shape, the batch size
+    latents are expanded by). And an attention layer's output is reached
     only when its Q is: with its K and V gathered, a layer whose queries are whole (Perceiver's
     latents attending to a scattered input) computes a whole output on every rank."""
 
@@ -347,6 +349,7 @@ class _Scattered:
         self.shapes = shapes
         self.starts = [t.name for t in hints.inputs]
         self.layer_outputs = {layer.output: layer.q for layer in layers}
+        self.symbols = _sequence_symbols(shapes, hints)
         self._reached: set[str] | None = None
 
     def reaches(self, layer: AttentionLayer) -> bool:
@@ -384,7 +387,27 @@ class _Scattered:
 
     def _fixed(self, tensor: str) -> bool:
         value = self.shapes.value(tensor)
-        return value is not None and all(isinstance(dim, int) for dim in value)
+        if value is None or self.symbols is None:
+            return value is not None and all(isinstance(dim, int) for dim in value)
+        return all(
+            isinstance(dim, int) or self.symbols.isdisjoint(re.findall(r"\w+", str(dim)))
+            for dim in value
+        )
+
+
+def _sequence_symbols(shapes: ShapeInference, hints: ShardHints) -> set[str] | None:
+    """The symbols of the dims on the hinted inputs' scattered axes; None when one of those
+    dims is not a known symbol (then only plain numbers are known to be the same on every
+    rank)."""
+    symbols: set[str] = set()
+    for tensor in hints.inputs:
+        shape = shapes.shape(tensor.name)
+        axis = tensor.seq_len_idx
+        dim = shape[axis] if shape is not None and 0 <= axis < len(shape) else None
+        if not isinstance(dim, str):
+            return None
+        symbols.update(re.findall(r"\w+", dim))
+    return symbols
 
 
 def check_given_rank(

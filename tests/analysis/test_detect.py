@@ -38,17 +38,23 @@ def test_every_layer_found_with_its_q_k_v_and_axes(name: str) -> None:
             assert layer.gathered_k == expected["scores_matmul"]["inputs"][1]
             assert layer.gathered_v == expected["probs_matmul"]["inputs"][1]
             assert layer.output == expected["probs_matmul"]["output"]
-        # K and V of a cross-attention carry a context's length: its axis (measured too).
-        key_axes = [expected[f"{role}_seq_axis"] for role in "kv"]
-        contexts = [expected.get(f"{role}_context_axis") for role in "kv"]
-        assert (layer.q_axis, layer.k_axis, layer.v_axis) == (
-            expected["q_seq_axis"],
-            *(
-                context if axis is None else axis
-                for axis, context in zip(key_axes, contexts, strict=True)
-            ),
-        )
-        assert (layer.kv_context is not None) == (contexts != [None, None])
+        # Where Q, K or V carry no sequence (a cross-attention's context, Perceiver's
+        # latents), the axis of the context's or the latents' length (measured too).
+        axes = [
+            next(
+                (
+                    expected.get(f"{role}_{kind}_axis")
+                    for kind in ("seq", "context", "latent")
+                    if expected.get(f"{role}_{kind}_axis") is not None
+                ),
+                None,
+            )
+            for role in "qkv"
+        ]
+        assert [layer.q_axis, layer.k_axis, layer.v_axis] == axes
+        whole_kv = [expected.get(f"k_{kind}_axis") for kind in ("context", "latent")]
+        assert (layer.kv_context is not None) == (whole_kv != [None, None])
+        assert (layer.latents is not None) == ("q_latent_axis" in expected)
 
 
 @pytest.mark.parametrize("name", sorted(TRUTH))
