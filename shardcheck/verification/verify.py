@@ -314,12 +314,13 @@ def _dim_chooser(
 
 
 def default_ranks(hints: ShardHints) -> int:
-    """The ranks verify simulates unless told: the hints' own number (the largest nb_rank of
-    their collectives and fused attentions) when they give one above 1, else 2, the fewest
-    at which a cut shows."""
-    nb_ranks = [hints.dist_collectives.nb_rank]
-    nb_ranks += [layer.replace.nb_rank for layer in hints.attention_layers if layer.replace]
-    return max(nb_ranks) if max(nb_ranks) > 1 else DEFAULT_SIMULATED_RANKS
+    """The ranks verify simulates unless told: the hints' own number when they give one above
+    1 (the largest nb_rank of their collectives and fused attentions, their group's size, the
+    ranks their groups list), else 2, the fewest at which a cut shows."""
+    collectives = hints.dist_collectives
+    given = [collectives.nb_rank, collectives.group_size, len(collectives.groups)]
+    given += [layer.replace.nb_rank for layer in hints.attention_layers if layer.replace]
+    return max(given) if max(given) > 1 else DEFAULT_SIMULATED_RANKS
 
 
 def _not_simulated(report: Report, ranks: int, why: str, what_to_do: str) -> None:

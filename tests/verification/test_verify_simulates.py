@@ -78,6 +78,12 @@ def test_default_ranks_are_the_hints_nb_rank_above_1_else_2(tmp_path: Path) -> N
     path = tmp_path / "four.json"
     path.write_text(json.dumps(document))
     assert default_ranks(read_hints(path)) == 4
+    document["dist_collectives"].update(nb_rank=1, groups=[0, 1, 2])  # the ranks of a group
+    path.write_text(json.dumps(document))
+    assert default_ranks(read_hints(path)) == 3
+    document["dist_collectives"].update(groups=[], group_size=4)
+    path.write_text(json.dumps(document))
+    assert default_ranks(read_hints(path)) == 4
     report = verify(GPT2, path)
     assert report.ok, report.render_text()
     assert {run["ranks"] for run in report.runs if run.get("simulation")} == {4}
@@ -127,3 +133,35 @@ def test_a_replacement_that_drops_the_padding_mask_fails_the_simulation_at_batch
     at_batch_2 = verify(bert, fused, dims={"batch": 2})
     assert {f.code for f in at_batch_2.errors} == {"SC128", "SC201"}, at_batch_2.render_text()
     assert simulated_lengths(at_batch_2) == [(8, False)]
+
+
+def test_plain_verify_refuses_a_null_rank_it_needs_and_says_what_to_write(tmp_path: Path) -> None:
+    # No rule knows Hardmax's shape (and the model declares none for its output): gen would
+    # write rank null. Scattering it along axis 1 takes its rank, to swap the axis to the front.
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Hardmax", ["x"], ["h"], name="hardmax", axis=0),
+            helper.make_node("Identity", ["h"], ["y"], name="out"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "sequence"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "sequence"])],
+    )
+    model = tmp_path / "hardmax.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    hints = tmp_path / "null_rank.json"
+    tensor = {"seq_len_idx": 1, "polygraphy_class": "ShardTensor"}
+    document = read_json(GPT2_HINTS)  # its collectives; no layers
+    document["attention_layers"] = []
+    document["inputs"] = [{"name": "h", "rank": None, **tensor}]
+    document["outputs"] = [{"name": "y", "rank": 2, **tensor}]
+    hints.write_text(json.dumps(document))
+    result = run_cli("verify", model, hints)
+    assert result.exit_code == 1, result.stdout
+    assert (
+        "SC203 error: the CP simulation on 2 ranks cannot shard the model with these hints: "
+        f"{hints}: inputs[0]: seq_len_idx 1 needs the rank of 'h', but the model declares no "
+        "shape for it and the hint gives no rank: write its number of axes as the hint's rank"
+    ) in result.stdout.splitlines()
