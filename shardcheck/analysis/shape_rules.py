@@ -171,13 +171,25 @@ def _gather_elements(shapes: ShapeInference, node: Node) -> list[TensorInfo]:
 
 
 def _rank_only(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
-    """Unknown dims of a known rank, where the op fixes the rank by itself."""
-    if node.op_type == "Transpose" and node.attr("perm"):
+    """Unknown dims of a known rank, where the op fixes the rank by itself (its first input's
+    shape is unknown): a shape is a vector, a size a scalar, a Reshape has as many axes as its
+    target has values (a Concat of known length), a Concat the rank of its known parts."""
+    op = node.op_type
+    if op == "Transpose" and node.attr("perm"):
         return [TensorInfo((None,) * len(node.attr("perm")))]
-    if node.op_type == "Reshape":
+    if op == "Shape":
+        return [TensorInfo((None,))]
+    if op == "Size":
+        return [TensorInfo(())]
+    if op == "Reshape":
         target = shapes.input_info(node, 1).shape
         if target is not None and len(target) == 1 and isinstance(target[0], int):
             return [TensorInfo((None,) * target[0])]
+    if op == "Concat":
+        parts = [shapes.input_info(node, i).shape for i in range(len(node.inputs))]
+        known = [part for part in parts if part is not None]
+        if known:
+            return [TensorInfo((None,) * len(known[0]))]
     return None
 
 
@@ -256,9 +268,10 @@ def _gather(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo
 def _concat(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo] | None:
     rank = len(shape)
     parts = [shapes.input_info(node, i) for i in range(len(node.inputs))]
-    if any(p.shape is None for p in parts):
-        return None
     axis = node.attr("axis", 0) % rank
+    if any(p.shape is None for p in parts):
+        # Every part has the first's rank: only the length along ``axis`` is unknown.
+        return [TensorInfo(shape[:axis] + (None,) + shape[axis + 1 :])]
     total: Dim = 0
     for p in parts:
         dim = p.shape[axis]  # type: ignore[index]
@@ -313,6 +326,24 @@ def _split(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]
         dims[axis] = size
         results.append(TensorInfo(tuple(dims)))
     return results
+
+
+def _top_k(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    """The values and their indices: the input's shape, with K positions along ``axis``."""
+    axis = node.attr("axis", -1) % len(shape)
+    k = shapes.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    dims = list(shape)
+    dims[axis] = k[0] if k is not None and len(k) == 1 else None
+    return [TensorInfo(tuple(dims))] * 2
+
+
+def _one_hot(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    """The indices' shape with the depth inserted at ``axis`` (-1: last)."""
+    axis = node.attr("axis", -1) % (len(shape) + 1)
+    depth = shapes.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    dims = list(shape)
+    dims.insert(axis, depth[0] if depth is not None and len(depth) == 1 else None)
+    return [TensorInfo(tuple(dims))]
 
 
 def _matmul(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo] | None:
@@ -447,8 +478,9 @@ def _tile(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
 
 # ------------------------------------------------------------------ the rules by op
 
-# Ops whose first output has their first input's shape.
-_SAME_SHAPE = NORMALISATIONS | frozenset(["CumSum"])
+# Ops whose first output has their first input's shape (a scatter writes into a copy of its
+# data).
+_SAME_SHAPE = NORMALISATIONS | frozenset(["CumSum", "ScatterND", "ScatterElements", "Scatter"])
 _ANY_INPUT_RULES: dict[str, Callable[[ShapeInference, Node], list[TensorInfo] | None]] = {
     "Constant": _constant,
     "Range": _range,
@@ -477,6 +509,8 @@ _KNOWN_INPUT_RULES: dict[
     **dict.fromkeys(FUSED_ATTENTION_OP_TYPES, _fused_attention),
     "Conv": _conv,
     "Tile": _tile,
+    "TopK": _top_k,
+    "OneHot": _one_hot,
     "Pad": _pad,
     "EmbedLayerNormalization": _embed_layer_norm,
 }

@@ -182,7 +182,8 @@ class _Rewriter:
         if rank is None:
             raise HintsMismatchError(
                 f"{where}: {axis_field} {axis} needs the rank of {source!r}, but the model "
-                f"declares no shape for it and the hint gives no {rank_field}"
+                f"declares no shape for it and the hint gives no {rank_field}: write its "
+                f"number of axes as the hint's {rank_field}"
             )
         if axis >= rank:
             raise HintsMismatchError(

@@ -232,14 +232,16 @@ def _window_mask_sliced_from_row(queries_of: str) -> onnx.ModelProto:
 
 
 def _mask_of_unknown_shape() -> onnx.ModelProto:
-    """A mask [batch, S, S] that blocks the first query's first key, made by ScatterND, whose
-    shape gen does not infer. It is sized from x: each rank that makes it from its slice of x
-    makes it for its own first query."""
+    """A mask [batch, S, S] that blocks the first query's first key, made by ScatterND into
+    zeros whose shape gen does not infer (it passes through a BitShift by 0, which no shape
+    rule follows). It is sized from x: each rank that makes it from its slice of x makes it
+    for its own first query."""
     weights, scores = _scores_of("x")
     constants = [
         *(oh.make_tensor(f"i{n}", TensorProto.INT64, [1], [n]) for n in (0, 1, 2)),
         oh.make_tensor("first", TensorProto.INT64, [1, 3], [0, 0, 0]),
         oh.make_tensor("blocked", TensorProto.FLOAT, [1], [-1e4]),
+        oh.make_tensor("no_shift", TensorProto.UINT64, [1], [0]),
     ]
     zeros = oh.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
     nodes = [
@@ -247,7 +249,12 @@ def _mask_of_unknown_shape() -> onnx.ModelProto:
         oh.make_node("Shape", ["x"], ["x_shape"], name="x_shape"),
         oh.make_node("Slice", ["x_shape", "i0", "i2"], ["batch_seq"], name="batch_seq"),
         oh.make_node("Slice", ["x_shape", "i1", "i2"], ["seq"], name="seq"),
-        oh.make_node("Concat", ["batch_seq", "seq"], ["mask_shape"], name="mask_shape", axis=0),
+        oh.make_node("Concat", ["batch_seq", "seq"], ["mask_dims"], name="mask_dims", axis=0),
+        oh.make_node("Cast", ["mask_dims"], ["unsigned"], name="unsigned", to=TensorProto.UINT64),
+        oh.make_node(
+            "BitShift", ["unsigned", "no_shift"], ["shifted"], name="shifted", direction="LEFT"
+        ),
+        oh.make_node("Cast", ["shifted"], ["mask_shape"], name="mask_shape", to=TensorProto.INT64),
         oh.make_node("ConstantOfShape", ["mask_shape"], ["zeros"], name="zeros", value=zeros),
         oh.make_node("ScatterND", ["zeros", "first", "blocked"], ["mask"], name="mask"),
         oh.make_node("Add", ["scores", "mask"], ["masked"], name="masked"),

@@ -322,7 +322,7 @@ def test_a_transpose_needs_a_rank() -> None:
         shard_model(load_index(FIXTURES / "attention_same_qkv.onnx"), hints, hints_source="h")
     assert str(error.value) == (
         "h: inputs[0]: seq_len_idx 1 needs the rank of 'q', but the model declares no shape "
-        "for it and the hint gives no rank"
+        "for it and the hint gives no rank: write its number of axes as the hint's rank"
     )
 
 
