@@ -36,6 +36,9 @@ How each figure is taken:
   pairs' ratios (and the median times) are shown. verify
   makes its session in a thread while it analyses the model, so the onnxruntime time measured
   inside verify is longer than alone; it is shown too, but the ratio is against the replay.
+  verify simulates CP on 2 ranks by default, so its whole time is also shown in inferences of
+  the model at its longest length (issue 28's target: about N + 2, its two runs and the
+  simulation of N ranks at each length).
 * simulation: ``shardcheck.simulate`` with each of ``--ranks`` (2 and 4 ranks by
   default), against one inference of the model (an onnxruntime session made and run once,
   options as shardcheck's), alternating, in up to 3 pairs (as many as fit in 20 s, at least
@@ -490,16 +493,19 @@ def verify_with_external_weights(
 @contextlib.contextmanager
 def onnxruntime_clock() -> Iterator[dict[str, Any]]:
     """Seconds spent creating onnxruntime sessions and in ``run`` while the block runs, and
-    the calls themselves (``calls``: ("session", args, kwargs) or ("run", args, kwargs)) so
-    that the same onnxruntime work can be replayed alone."""
+    the calls themselves (``calls``: ("session", key, args, kwargs) or ("run", key, args,
+    kwargs), ``key`` the session's number in the order they were made: verify's simulation
+    makes several, some in the background) so that the same work can be replayed alone."""
     import onnxruntime
 
     spent: dict[str, Any] = {"sessions": 0.0, "runs": 0.0, "run_calls": 0, "calls": []}
+    keys: dict[int, int] = {}  # id of a live session -> its number
     cls = onnxruntime.InferenceSession
     original_init, original_run = cls.__init__, cls.run
 
     def timed_init(self: object, *args: object, **kwargs: object) -> None:
-        spent["calls"].append(("session", args, kwargs))
+        keys[id(self)] = key = sum(1 for call in spent["calls"] if call[0] == "session")
+        spent["calls"].append(("session", key, args, kwargs))
         started = time.perf_counter()
         try:
             original_init(self, *args, **kwargs)  # type: ignore[arg-type]
@@ -507,7 +513,7 @@ def onnxruntime_clock() -> Iterator[dict[str, Any]]:
             spent["sessions"] += time.perf_counter() - started
 
     def timed_run(self: object, *args: object, **kwargs: object) -> object:
-        spent["calls"].append(("run", args, kwargs))
+        spent["calls"].append(("run", keys.get(id(self)), args, kwargs))
         started = time.perf_counter()
         try:
             return original_run(self, *args, **kwargs)  # type: ignore[arg-type]
@@ -522,19 +528,21 @@ def onnxruntime_clock() -> Iterator[dict[str, Any]]:
         cls.__init__, cls.run = original_init, original_run  # type: ignore[method-assign]
 
 
-def replay_onnxruntime(calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> float:
+def replay_onnxruntime(
+    calls: Sequence[tuple[str, int | None, tuple[Any, ...], dict[str, Any]]],
+) -> float:
     """Seconds to make the same sessions and the same runs again, one after the other, with
     nothing else running: what verify's onnxruntime work costs alone."""
     import onnxruntime
 
     started = time.perf_counter()
-    session = None
-    for kind, args, kwargs in calls:
+    sessions: dict[int | None, Any] = {}
+    for kind, key, args, kwargs in calls:
         if kind == "session":
-            session = onnxruntime.InferenceSession(*args, **kwargs)
-        elif session is not None:
-            session.run(*args, **kwargs)
-    del session
+            sessions[key] = onnxruntime.InferenceSession(*args, **kwargs)
+        elif key in sessions:
+            sessions[key].run(*args, **kwargs)
+    sessions.clear()
     return time.perf_counter() - started
 
 
@@ -557,6 +565,11 @@ def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, flo
             gc.collect()
             alone.append(replay_onnxruntime(spent["calls"]))
             gc.collect()
+        from shardcheck.generation.options import DEFAULT_SEQ_LENS
+
+        inference = statistics.median(
+            one_inference(model, max(DEFAULT_SEQ_LENS)) for _ in range(SIMULATION_PAIRS)
+        )
     except Exception as exc:  # the module is being written; show why it did not run
         return f"error: {type(exc).__name__}: {exc}"[:120], None
     whole, ort, ort_alone = (statistics.median(v) for v in (wholes, inside, alone))
@@ -566,7 +579,9 @@ def measure_verify(model: BuiltModel, hints: Path, pairs: int) -> tuple[str, flo
     status = "" if getattr(report, "ok", True) else ", report not ok"
     return (
         f"{_s(whole)} whole, onnxruntime alone {_s(ort_alone)} = {_ratio(ratio)} "
-        f"(inside verify {_s(ort)} = {_ratio(whole / ort if ort else None)}){status}",
+        f"(inside verify {_s(ort)} = {_ratio(whole / ort if ort else None)}); "
+        f"{_ratio(whole / inference if inference else None, 'inferences')} (2 ranks "
+        f"simulated; target about 4, N + 2){status}",
         ratio,
     )
 
