@@ -8,9 +8,8 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 
-from onnx import TensorProto
-
 from shardcheck.errors import InputError
+from shardcheck.graph.protos import TensorProto
 from shardcheck.wording import shown
 
 # The default (rtol, atol) of a comparison with one device, by the element type of the
