@@ -116,7 +116,8 @@ def _may_carry_length(
     seen = set(pending)
     while pending:
         tensor = pending.pop()
-        if _without_sequence(shapes.value(tensor), seq):
+        value = shapes.value(tensor)
+        if _without_sequence(value, seq) or _without_fixed_length(value, seq):
             continue
         producer = index.producer_of(tensor)
         if producer is None:
@@ -281,6 +282,14 @@ def _cut_sized_by(
                     continue
                 queue.append(output)
     return None
+
+
+def _without_fixed_length(value: tuple[Dim, ...] | None, seq: Dim | None) -> bool:
+    """Whether a shape-like value is known and holds no dim of a fixed sequence length ``seq``
+    (an int: a fixed-length export's; DETR's object queries are Expand-ed by the batch)."""
+    if value is None or not isinstance(seq, int):
+        return False
+    return all(dim is not None and dim != seq for dim in value)
 
 
 def _without_sequence(value: tuple[Dim, ...] | None, seq: Dim | None) -> bool:

@@ -80,7 +80,8 @@ def whole_sized_masks(
                 found.append((mask, axis))
                 seeded.add(mask)
                 continue
-            for origin in _axis_ends(index, mapper, mask, axis)[0]:
+            mixing: set[str] = set()
+            for origin in _axis_ends(index, mapper, mask, axis, mixing)[0]:
                 producer = index.producer_of(origin)
                 inputs = [origin] if producer is None else [n for n in producer.inputs if n]
                 sized_by = {
@@ -92,9 +93,14 @@ def whole_sized_masks(
                 rows = (producer is None or producer.op_type == "Constant") and shape[-2] in (
                     shapes.shape(origin) or ()
                 )
+                # Data whose query axis an op mixes (Funnel's relative shift, a Reshape of the
+                # positional scores [.., queries, keys] to [.., keys, queries]): a rank's rows of
+                # it are no rows of the whole.
+                mixed = origin in mixing and origin in sources.derived
                 if (
                     rows
                     or positional
+                    or mixed
                     or any(source not in region and source not in layers_own for source in sized_by)
                 ):
                     found.append((mask, axis))
@@ -152,10 +158,15 @@ def _relative_position(index: GraphIndex, node: Node, depth: int = 8) -> bool:
 
 
 def _axis_ends(
-    index: GraphIndex, mapper: AxisMapper, tensor: str, axis: int
+    index: GraphIndex,
+    mapper: AxisMapper,
+    tensor: str,
+    axis: int,
+    mixed: set[str] | None = None,
 ) -> tuple[list[str], bool]:
     """Where an axis begins, followed back through position-wise ops on every path: the
-    tensors that create it, and whether some path reaches a graph input's own axis."""
+    tensors that create it, and whether some path reaches a graph input's own axis.
+    ``mixed`` gets those of the tensors that an op mixing positions makes (not a broadcast)."""
     origins: list[str] = []
     from_input = False
     queue = deque([(tensor, axis)])
@@ -177,4 +188,6 @@ def _axis_ends(
             queue.extend(mapped)
         else:
             origins.append(current[0])
+            if mapped is None and mixed is not None:
+                mixed.add(current[0])
     return origins, from_input
