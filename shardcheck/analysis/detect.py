@@ -121,7 +121,7 @@ def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[
     a learned latent array (``latents``, Perceiver's), and K and V of a fixed length beside
     them are the latents too; in a model of fixed length (ViT's patches) a fixed size says
     nothing."""
-    dims = [tuple(_dim(shapes, t, a) for t, a in _qkv_axes(layer)) for layer in layers]
+    dims = [tuple(axis_dim(shapes, t, a) for t, a in _qkv_axes(layer)) for layer in layers]
     query_dims = {q for q, _, _ in dims if isinstance(q, str)}
     symbolic = bool(query_dims) or any(isinstance(k, str) for _, k, _ in dims)
     symbols = {word for dim in query_dims for word in re.findall(r"\w+", dim)}
@@ -151,7 +151,8 @@ def _qkv_axes(layer: AttentionLayer) -> tuple[tuple[str, int | None], ...]:
     )
 
 
-def _dim(shapes: ShapeInference, tensor: str, axis: int | None) -> Dim:
+def axis_dim(shapes: ShapeInference, tensor: str, axis: int | None) -> Dim:
+    """The dim of ``tensor`` on ``axis`` (None when either is unknown)."""
     shape = shapes.shape(tensor)
     return shape[axis] if shape is not None and axis is not None and axis < len(shape) else None
 
@@ -161,11 +162,11 @@ def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
     queries are latents, the key dim of the first that attends to the sequence."""
     for layer in layers:
         if layer.latents is None:
-            return _dim(shapes, layer.q, layer.q_axis)
+            return axis_dim(shapes, layer.q, layer.q_axis)
     for layer in layers:
         if layer.kv_context is None:
-            return _dim(shapes, layer.gathered_k, layer.k_axis)
-    return _dim(shapes, layers[0].q, layers[0].q_axis)
+            return axis_dim(shapes, layer.gathered_k, layer.k_axis)
+    return axis_dim(shapes, layers[0].q, layers[0].q_axis)
 
 
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:

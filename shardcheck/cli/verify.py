@@ -31,6 +31,20 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
         ) from None
 
 
+def _own_lengths(
+    _ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, tuple[int, ...]]:
+    found: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        name, equals, lengths = value.partition("=")
+        if not equals or not name.strip():
+            raise click.BadParameter(f"expected NAME=L1,L2, got {shown(value)}")
+        if name in found:
+            raise click.BadParameter(f"--seq-len {shown(name)} is given more than once")
+        found[name] = _int_list(_ctx, param, lengths)
+    return found
+
+
 @click.command(name="verify")
 @click.argument("model", type=click.Path())
 @click.argument("hints", type=click.Path())
@@ -40,6 +54,16 @@ def _int_list(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     show_default=True,
     callback=_int_list,
     help="Sequence lengths to run at (two or more).",
+)
+@click.option(
+    "--seq-len",
+    "seq_len_of",
+    multiple=True,
+    callback=_own_lengths,
+    metavar="NAME=L1,L2",
+    help="A sequence dim's own lengths, one per run of --seq-lens (repeatable): an "
+    "encoder-decoder's target beside its source, e.g. --seq-lens 8,16 --seq-len target=6,12. "
+    "The other sequence dims take --seq-lens.",
 )
 @DIM_OPTION
 @click.option(

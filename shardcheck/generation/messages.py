@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardcheck.analysis.baked import baked_lengths
-from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.detect import AttentionLayer, axis_dim, sequence_dim
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import GraphIndex
@@ -203,15 +203,23 @@ def fixed_length(
         return []
     node, length = baked[0]
     more = f" (and {counted(len(baked) - 1, 'other Reshape')})" if len(baked) > 1 else ""
+    # An encoder-decoder traced with a target length of its own has that one baked too.
+    own = [
+        (dim, found[0][1])
+        for dim in dict.fromkeys(axis_dim(shapes, layer.q, layer.q_axis) for layer in layers)
+        if dim != seq and (found := baked_lengths(index, shapes, dim))
+    ]
+    also = "".join(f" (and its {dim} dim one of {n})" for dim, n in own)
+    own_lengths = "".join(f" --seq-len {dim}={n},{2 * n}" for dim, n in own)
     return [
         Warned(
             "SC002",
             f"{index.source}: the sequence length is baked into the model: {node.label}{more} "
-            f"reshapes to a fixed shape that holds a length of {length}, so the model runs at that "
-            "length only (TorchScript's tracing writes it there; PyTorch's dynamo exporter keeps "
-            "it symbolic). CP shards it at that length only if no rank's slice reaches those "
-            f"nodes: check with 'shardcheck verify {index.source} HINTS --ranks N --seq-lens "
-            f"{length},{2 * length}'",
+            f"reshapes to a fixed shape that holds a length of {length}{also}, so the model runs "
+            "at that length only (TorchScript's tracing writes it there; PyTorch's dynamo "
+            "exporter keeps it symbolic). CP shards it at that length only if no rank's slice "
+            f"reaches those nodes: check with 'shardcheck verify {index.source} HINTS --ranks N "
+            f"--seq-lens {length},{2 * length}{own_lengths}'",
         )
     ]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from shardcheck.errors import InputError
 from shardcheck.graph.protos import TensorProto
@@ -36,6 +36,22 @@ def refuse_bad_seq_lens(seq_lens: Sequence[int]) -> None:
             f"--seq-lens {','.join(map(shown, seq_lens))}: give at least two different positive "
             "lengths, e.g. 8,16"
         )
+
+
+def refuse_bad_own_lengths(
+    own_lengths: Mapping[str, Sequence[int]], seq_lens: Sequence[int]
+) -> None:
+    """verify's ``--seq-len NAME=L1,L2``: one positive length per run of ``--seq-lens``, two
+    different at least (the runs show the dim's axes by what changes)."""
+    for name, lengths in own_lengths.items():
+        given = f"--seq-len {name}={','.join(map(shown, lengths))}"
+        if len(lengths) != len(seq_lens):
+            raise InputError(
+                f"{given}: give one length per run of --seq-lens "
+                f"{','.join(map(shown, seq_lens))} ({len(seq_lens)}), in the same order"
+            )
+        if len(set(lengths)) != len(lengths) or min(lengths) < 1:
+            raise InputError(f"{given}: give different positive lengths, e.g. 6,12")
 
 
 def refuse_bad_seq_len(seq_len: int) -> None:

@@ -35,6 +35,7 @@ from shardcheck.hints.model import ShardHints
 from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.memory import refuse_oversized_weights
 from shardcheck.runtime.settings import (
+    refuse_bad_own_lengths,
     refuse_bad_ranks,
     refuse_bad_seq_lens,
     refuse_bad_timeout,
@@ -94,6 +95,7 @@ def verify(
     *,
     seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
     dims: Mapping[str, int] | None = None,
+    seq_len_of: Mapping[str, Sequence[int]] | None = None,
     ranks: int | None = None,
     simulate: bool = True,
     rtol: float | None = None,
@@ -111,6 +113,8 @@ def verify(
     tolerances, by default those of the outputs' element type (``default_tolerances``).
     ``hints_source``: what messages call ``hints`` when it is a ShardHints, not a file."""
     refuse_bad_seq_lens(seq_lens)
+    own_lengths = dict(seq_len_of or {})
+    refuse_bad_own_lengths(own_lengths, seq_lens)
     refuse_bad_timeout(timeout)
     refuse_bad_tolerances(rtol, atol)
     if ranks is not None:
@@ -145,7 +149,9 @@ def verify(
             layers = detect_attention(index, shapes)
             by_q = {layer.q: layer for layer in layers}
             check_static(index, shapes, hints, layers, report, ranks)
-            choose = _dim_chooser(index, shapes, layers, hints, dict(dims or {}))
+            choose = _dim_chooser(
+                index, shapes, layers, hints, dict(dims or {}), (own_lengths, seq_lens)
+            )
             if ranks is not None:
                 unsplittable = _unsplittable_lengths(shapes, hints, ranks, seq_lens, choose)
                 fixed = None if asked else _unsplittable_fixed(shapes, hints, ranks, choose)
@@ -274,13 +280,16 @@ def _dim_chooser(
     layers: list[AttentionLayer],
     hints: ShardHints,
     user_dims: dict[str, int],
+    own: tuple[dict[str, Sequence[int]], Sequence[int]] = ({}, ()),
 ) -> DimChooser:
     """The dims of each run. The sequence dims are those the attention's query axes carry,
     found from the model, not from the hints under test (wrong hints would otherwise pick the
     dim that is varied, and a wrong axis could pass); an encoder-decoder's encoder and decoder
     lengths are two, both set to the run's length. (A length only keys have, a memory's, is
     not varied: it may be held whole.) Where the attention's length is fixed (ViT's patches),
-    nothing is varied; only without attention do the hints decide."""
+    nothing is varied; only without attention do the hints decide. ``own``: the lengths some
+    sequence dims take instead, one per run of the lengths given beside (an encoder-decoder
+    traced with a source and a target length of its own: ``--seq-len target=6,12``)."""
     names = refuse_bad_user_dims(index, user_dims)
     sequences: list[str] = []
     for layer in layers:
@@ -301,12 +310,26 @@ def _dim_chooser(
                 f"{index.source}: --dim {sequence}={user_dims[sequence]}: {sequence!r} is a "
                 "sequence dim, which verify sets to each of --seq-lens; leave it out of --dim"
             )
+    own_lengths, seq_lens = own
+    for name in own_lengths:
+        if name not in sequences:
+            raise InputError(
+                f"{index.source}: --seq-len {name}=...: {name!r} is not a sequence dim of the "
+                f"model (those its attention's query axes carry: {', '.join(sequences) or 'none'})"
+                f"; set another dim with --dim {name}=VALUE"
+            )
     if not sequences and not layers:
         return lambda length: resolve_dims(index, hints, length, user_dims)
 
     def choose(length: int) -> dict[str, int]:
+        run = list(seq_lens).index(length) if length in seq_lens else None
         return {
-            name: user_dims.get(name, length if name in sequences else default_dim(name))
+            name: user_dims.get(
+                name,
+                (own_lengths[name][run] if name in own_lengths and run is not None else length)
+                if name in sequences
+                else default_dim(name),
+            )
             for name in names
         }
 
@@ -419,6 +442,7 @@ def _simulate(
                 "simulation": True,
                 "ranks": ranks,
                 "seq_len": length,
+                "dims": dict(result.dims),
                 "ok": result.ok,
             }
         )

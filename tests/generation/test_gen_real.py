@@ -56,7 +56,7 @@ def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     # Their causal masks' rows follow len(Q): read from Q (GPT-Neo), or from the scores.
     assert NO_EXACT_HINTS == ["ts_einsum_causal", "ts_gptneo_tiny"]
     assert {"ts_einsum_attention", "dynamo_einsum_causal"} <= set(SHARDABLE)
-    assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder"]
+    assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder", "ts_transformer_seq2seq"]
     assert TRACED_LENGTH_ONLY == [*BAKED, "ts_whisper_encoder"]
     assert {"ts_gpt2_tiny", "ts_llama_tiny_gqa", "ts_bert_tiny", "dynamo_llama_tiny_gqa"} <= set(
         POSITION_DEPENDENT
@@ -132,13 +132,26 @@ def test_gen_warns_of_a_fixed_or_baked_length_where_the_model_has_one(
     if name not in BAKED:
         assert not warned
         return
-    nodes = [node["node"] for node in truth["baked_length_nodes"]]
+    # An encoder-decoder traced with a target of its own length: that one is baked too.
+    own = truth.get("traced_lengths_of", {})
+    nodes = [
+        node["node"]
+        for node in truth["baked_length_nodes"]
+        if node["constant_value"][0] == truth["traced_seq_len"]
+    ]
     lengths = {node["constant_value"][0] for node in truth["baked_length_nodes"]}
-    assert lengths == {truth["traced_seq_len"]}
+    assert lengths == {truth["traced_seq_len"], *own.values()}
     assert len(warned) == 1
     assert f"the sequence length is baked into the model: {nodes[0]} (and " in warned[0]
     assert f"{len(nodes) - 1} other Reshape" in warned[0]
-    assert f"holds a length of {truth['traced_seq_len']}, so the model runs" in warned[0]
+    also = "".join(f" (and its {dim} dim one of {n})" for dim, n in own.items())
+    assert f"holds a length of {truth['traced_seq_len']}{also}, so the model runs" in warned[0]
+    # The command it suggests runs the model at its traced lengths.
+    lengths_of = "".join(f" --seq-len {dim}={n},{2 * n}" for dim, n in own.items())
+    assert (
+        f"--seq-lens {truth['traced_seq_len']},{2 * truth['traced_seq_len']}{lengths_of}'"
+        in (warned[0])
+    )
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -150,13 +163,21 @@ def test_default_hints_shard_a_model_at_the_one_length_it_runs_at(
     # rank), or scatter the position table with the positions (Whisper).
     truth = TRUTH[name]
     traced = truth["traced_seq_len"]
+    # Each sequence dim at the length it was traced at (nn.Transformer's source and target).
+    own = {dim: (n, 2 * n) for dim, n in truth.get("traced_lengths_of", {}).items()}
     report = verify(
-        REAL / truth["file"], hints_file(tmp_path, name), seq_lens=(traced, 2 * traced), ranks=ranks
+        REAL / truth["file"],
+        hints_file(tmp_path, name),
+        seq_lens=(traced, 2 * traced),
+        seq_len_of=own,
+        ranks=ranks,
     )
     assert report.ok, report.render_text()
     baked = [f for f in report.findings if f.code == "SC002"]
     assert len(baked) == 1 and baked[0].level == "warning"
-    assert baked[0].tensor in truth["ort_failing_nodes"]
+    # A node that holds a traced length (which one fails first depends on the run's order).
+    holding = {node["node"] for node in truth.get("baked_length_nodes", ())}
+    assert baked[0].tensor in {*truth["ort_failing_nodes"], *holding}
     assert simulated_lengths(report) == [(traced, True)]
 
 

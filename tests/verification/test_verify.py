@@ -806,8 +806,8 @@ def test_the_json_report_is_the_same_from_run_to_run(tmp_path: Path) -> None:
     assert [sorted(run) for run in json.loads(first.stdout)["runs"]] == [
         ["dims", "ok", "seq_len"],
         ["dims", "ok", "seq_len"],
-        ["ok", "ranks", "seq_len", "simulation"],
-        ["ok", "ranks", "seq_len", "simulation"],
+        ["dims", "ok", "ranks", "seq_len", "simulation"],
+        ["dims", "ok", "ranks", "seq_len", "simulation"],
     ]
 
 
