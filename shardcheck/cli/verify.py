@@ -71,7 +71,7 @@ def _own_lengths(
     type=click.IntRange(min=1),
     default=None,
     help="Ranks the CP simulation runs on, compared with one device  [default: the hints' "
-    "nb_rank if above 1, else 2]",
+    "own number of ranks (nb_rank, group size) if above 1, else 2]",
 )
 @click.option(
     "--no-simulate",
