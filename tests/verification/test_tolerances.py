@@ -70,7 +70,8 @@ def test_check_verify_gates_fp16_exports_with_the_manifests_tolerances(tmp_path:
     manifest = tmp_path / "shardcheck.toml"
     manifest.write_text("\n".join(entries))
     by_default = run_check(load_manifest(manifest), verify=True)
-    assert [(r.entry.name, r.status) for r in by_default.models] == [(n, "ok") for n in FP16]
+    statuses = [(r.entry.name, r.status) for r in by_default.models]
+    assert statuses == [(n, "ok") for n in FP16], by_default.lines()
     # Tolerances of 0 demand bit-equal results, which a split fp16 run does not give.
     manifest.write_text("\n".join(entry + "rtol = 0\natol = 0\n" for entry in entries))
     exact = run_check(load_manifest(manifest), verify=True)
