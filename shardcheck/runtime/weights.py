@@ -21,7 +21,7 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,24 +45,36 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
+def numpy_dtype(data_type: int) -> np.dtype[Any] | None:
+    """The numpy dtype of an ONNX element type, when it is a number numpy computes with."""
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dtype if dtype.kind in "biufc" else None
+
+
 def external_weight(
     tensor: onnx.TensorProto, weights_dir: Path | None, source: str = "<model>"
 ) -> np.ndarray | None:
     """The value of the external tensor ``tensor``, a read-only view of its file's one mapping;
     None when it cannot be one (no directory, a type numpy has no dtype of, a length that is
-    not its dims' size, an offset not aligned to its type): onnxruntime reads those itself.
+    not its dims' size): onnxruntime reads those itself. An offset need not be aligned to the
+    type: numpy and onnxruntime's CPU kernels read unaligned values.
     A file too short for it is refused (InputError, ``source`` names the model)."""
     if weights_dir is None:
         return None
     entries = {entry.key: entry.value for entry in tensor.external_data}
+    dtype = numpy_dtype(tensor.data_type)
+    if dtype is None:
+        return None
     try:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
         offset = int(entries.get("offset") or 0)
         nbytes = math.prod(int(d) for d in tensor.dims) * dtype.itemsize
         length = int(entries.get("length") or nbytes)
-    except (KeyError, TypeError, ValueError):
+    except ValueError:
         return None
-    if dtype.kind not in "biufc" or length != nbytes or offset < 0 or offset % dtype.itemsize:
+    if length != nbytes or offset < 0:
         return None
     if nbytes == 0:
         return np.zeros(tuple(tensor.dims), dtype)
@@ -114,3 +126,125 @@ def shared_initializers(
             if value is not None:
                 values[tensor.name] = onnxruntime.OrtValue.ortvalue_from_numpy(value)
     return values
+
+
+# Inline weights at least this large are shared from the model file; smaller ones (shapes,
+# scalars) stay in the models handed to onnxruntime.
+INLINE_SHARED_BYTES = 1 << 20
+# Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.name and
+# TensorProto.raw_data.
+_GRAPH, _INITIALIZER, _NAME, _RAW_DATA = 7, 5, 8, 9
+
+
+def inline_as_external(model: onnx.ModelProto, model_file: Path) -> dict[str, onnx.TensorProto]:
+    """The model's large inline initializers (INLINE_SHARED_BYTES and more, of a numpy type,
+    their bytes in ``raw_data``), each as an external tensor whose data is where its bytes lie
+    in ``model_file`` itself, by name; {} when there are none. Sessions and fed values then
+    share them from the file's one mapping, as external weights; the model is not changed."""
+    large = {}
+    for tensor in model.graph.initializer:
+        dtype = None if is_external(tensor) else numpy_dtype(tensor.data_type)
+        if dtype is None or not tensor.HasField("raw_data"):
+            continue
+        nbytes = math.prod(int(d) for d in tensor.dims) * dtype.itemsize
+        if nbytes >= INLINE_SHARED_BYTES:
+            large[tensor.name] = (tensor, nbytes)
+    if not large:
+        return {}
+    whole = _mapped(model_file, 0, next(iter(large)), str(model_file))
+    external = {}
+    for name, (start, end) in _raw_data_spans(memoryview(whole)).items():
+        found = large.get(name)
+        if found is None or end - start != found[1]:
+            continue
+        tensor = found[0]
+        placeholder = onnx.TensorProto(name=name, data_type=tensor.data_type, dims=tensor.dims)
+        placeholder.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (
+            ("location", model_file.name),
+            ("offset", start),
+            ("length", end - start),
+        ):
+            placeholder.external_data.add(key=key, value=str(value))
+        external[name] = placeholder
+    return external
+
+
+def _raw_data_spans(data: memoryview) -> dict[str, tuple[int, int]]:
+    """Where each main-graph initializer's ``raw_data`` lies in the serialized model ``data``:
+    name -> (start, end), read from the protobuf wire format."""
+    spans: dict[str, tuple[int, int]] = {}
+    for number, start, end in _fields(data, 0, len(data)):
+        if number != _GRAPH:
+            continue
+        for inner, tensor_start, tensor_end in _fields(data, start, end):
+            if inner != _INITIALIZER:
+                continue
+            name, raw = None, None
+            for field, value_start, value_end in _fields(data, tensor_start, tensor_end):
+                if field == _NAME:
+                    name = bytes(data[value_start:value_end]).decode("utf-8", "replace")
+                elif field == _RAW_DATA:
+                    raw = (value_start, value_end)  # the last one counts, as for protobuf
+            if name is not None and raw is not None:
+                spans[name] = raw
+    return spans
+
+
+def _fields(data: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """The length-delimited fields of the message in ``data[start:end]``: (number, start, end);
+    the others are skipped."""
+    at = start
+    while at < end:
+        tag, at = _varint(data, at)
+        kind = tag & 7
+        if kind == 0:
+            _, at = _varint(data, at)
+        elif kind == 1:
+            at += 8
+        elif kind == 5:
+            at += 4
+        elif kind == 2:
+            length, at = _varint(data, at)
+            if at + length > end:
+                raise ValueError("a field runs past its message")
+            yield tag >> 3, at, at + length
+            at += length
+        else:
+            raise ValueError(f"protobuf wire type {kind} is not read here")
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def light_model(model: onnx.ModelProto, replaced: Mapping[str, onnx.TensorProto]) -> bytes:
+    """``model`` serialized with the initializers named in ``replaced`` replaced (by
+    ``inline_as_external``'s tensors), without copying the others' bytes more than once."""
+    light = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(light, descriptor, value)
+    for descriptor, value in model.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(light.graph, descriptor, value)
+    light.graph.initializer.extend(
+        replaced.get(tensor.name, tensor) for tensor in model.graph.initializer
+    )
+    return light.SerializeToString()
+
+
+def _copy_field(target: Any, descriptor: Any, value: Any) -> None:
+    if descriptor.is_repeated:
+        getattr(target, descriptor.name).extend(value)
+    elif descriptor.type == descriptor.TYPE_MESSAGE:
+        getattr(target, descriptor.name).CopyFrom(value)
+    else:
+        setattr(target, descriptor.name, value)
