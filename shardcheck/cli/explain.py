@@ -7,6 +7,7 @@ import click
 from shardcheck.cli.arguments import DIM_OPTION, FORMAT_OPTION, dims_mapping
 from shardcheck.errors import InputError
 from shardcheck.fsio import atomic_write_text, same_file
+from shardcheck.generation.extension import plans_report, shares_line
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
@@ -46,16 +47,27 @@ def explain(
     output_format: str,
 ) -> int:
     """Count the plan of HINTS for MODEL: the FLOPs run on slices and whole, each rank's peak
-    activation memory, the bytes each rank receives, the speed-up bound. Without HINTS, the
-    plan of gen's default hints."""
+    activation memory, the bytes each rank receives, the speed-up bound. HINTS may be an
+    extension file (HINTS.shardcheck.json). Without HINTS, the plan gen writes: its hints, or
+    the extension where gen writes one, with how much each splits."""
     if output is not None:
         for path in (model, hints):
             if path is not None and same_file(output, path):
                 raise InputError(f"{output}: is an input; write the picture elsewhere")
     given = read_hints(hints) if hints is not None else None  # the cheaper read first
     index = load_index(model)
-    source = hints or f"gen's default hints of {model}"
-    found = given if given is not None else generate(index, GenOptions()).hints
+    extended = None
+    if given is not None:
+        found = given
+        source = hints if given.lengths is None else f"{hints} (shardcheck's extension)"
+    else:
+        # gen's default plan: its hints, or the extension it writes beside them.
+        generated = generate(index, GenOptions())
+        extended = generated.extension
+        found = generated.hints if extended is None else extended.hints
+        source = f"gen's default hints of {model}" + (
+            "" if extended is None else ", with the extension gen writes beside them"
+        )
     plan = make_plan(
         index, found, seq_len=seq_len, ranks=ranks, dims=dims_mapping(dims), hints_source=source
     )
@@ -63,5 +75,9 @@ def explain(
         from shardcheck.planning.picture import render_html
 
         atomic_write_text(output, render_html(plan))
-    click.echo(render_json(plan) if output_format == "json" else render_text(plan), nl=False)
+    if output_format == "json":
+        click.echo(render_json(plan, plans_report(extended)), nl=False)
+    else:
+        line = None if extended is None else shares_line(extended, None)
+        click.echo(render_text(plan, line), nl=False)
     return 0

@@ -8,7 +8,7 @@ import click
 from shardcheck.cli.arguments import FORMAT_OPTION, QUIET_OPTION
 from shardcheck.cli.json_output import echo_json
 from shardcheck.errors import InputError
-from shardcheck.hints.codec import dumps, loads
+from shardcheck.hints.extension import hints_text, loads_hints_or_extension
 from shardcheck.hints.files import read_hints, read_text_input, write_hints
 from shardcheck.wording import one_line
 
@@ -47,7 +47,7 @@ def _check(paths: tuple[str, ...], output_format: str, quiet: bool) -> int:
     unformatted = []
     for path in paths:
         text = read_text_input(path, "a JSON hints file")
-        if dumps(loads(text, source=path)) != text:
+        if hints_text(loads_hints_or_extension(text, source=path)) != text:
             unformatted.append(path)
     if output_format == "json":
         echo_json({"ok": not unformatted, "checked": list(paths), "not_canonical": unformatted})

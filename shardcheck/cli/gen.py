@@ -8,12 +8,15 @@ import click
 
 from shardcheck.cli import warning_line
 from shardcheck.cli.arguments import FORMAT_OPTION, INT_LIST, QUIET_OPTION, codes_option, defaulted
+from shardcheck.cli.gen_extension import write_extension
 from shardcheck.cli.json_output import echo_json
 from shardcheck.errors import InputError
 from shardcheck.fsio import same_file
+from shardcheck.generation.extension import extension_report
 from shardcheck.generation.generate import generate
 from shardcheck.generation.messages import code_of
 from shardcheck.generation.options import COMPAT_MODES, CP_TYPES, IO_MODES, GenOptions
+from shardcheck.generation.parts import GenResult
 from shardcheck.graph.concurrent_check import checked_concurrently
 from shardcheck.graph.index import GraphIndex, gc_paused
 from shardcheck.graph.loader import index_parsed, parse_model
@@ -84,6 +87,14 @@ from shardcheck.wording import one_line
     "then scattered); graph: graph inputs and outputs only, as Polygraphy suggests them.",
 )
 @click.option(
+    "--extension/--no-extension",
+    default=True,
+    show_default=True,
+    help="Also write HINTS.shardcheck.json, shardcheck's extension, where its plan runs more of "
+    "the projections and MLP on slices than the Polygraphy-compatible hints (give it to shard, "
+    "verify, simulate, explain). Never with --compat polygraphy or --io graph.",
+)
+@click.option(
     "--plan",
     "show_plan",
     is_flag=True,
@@ -125,6 +136,7 @@ def gen(
     if output_format == "json":
         if output != "-":
             write_hints(output, result.hints)
+        written, _ = _extension(output, model, result, gen_options)
         echo_json(
             {
                 "ok": True,
@@ -132,6 +144,7 @@ def gen(
                 "output": output,
                 "warnings": [{"code": code_of(w), "message": w} for w in warnings],
                 "hints": encode(result.hints) if output == "-" else None,
+                "extension": extension_report(result.extension, written),
             }
         )
     else:
@@ -141,10 +154,22 @@ def gen(
                 named = code is None or f"({code})" in warning
                 warning_line(warning if named else f"{warning} [{code}]")
         write_hints(output, result.hints)
+        _, line = _extension(output, model, result, gen_options)
+        if line and not quiet:
+            click.echo(f"shardcheck: {one_line(line)}", err=True)
         if show_plan and not quiet and gen_options.compat != "polygraphy":
             _echo_plan_summary(index, result.hints, gen_options.nb_rank)
     keep_until_exit(parsed, index)
     return 0
+
+
+def _extension(
+    output: str, model: str, result: GenResult, options: GenOptions
+) -> tuple[str | None, str]:
+    """The extension file written beside the hints (cli/gen_extension.py), and its line."""
+    if not options.extension or options.compat == "polygraphy" or options.io == "graph":
+        return None, ""
+    return write_extension(output, model, result.extension)
 
 
 def _refuse_weight_file(output: str, model: str, locations: set[str]) -> None:

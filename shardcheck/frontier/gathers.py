@@ -27,6 +27,7 @@ def walk_forward(
     region: set[str] | None = None,
     reads_whole: WholeReads | None = None,
     *,
+    sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, int], set[int]]:
     """The tensors to gather, and the position-wise nodes after the attention layers; a
@@ -34,7 +35,9 @@ def walk_forward(
 
     With ``reads_whole``, a node that also reads a tensor every rank holds whole along the
     same axis (data, not a broadcast) gets the gathered tensor: ConvBERT concatenates each
-    layer's attention heads with its convolution heads, computed whole."""
+    layer's attention heads with its convolution heads, computed whole. With ``sources`` and
+    ``region``, and unless ``sized`` is False (the extension gives each node the length it
+    needs), a node sized by the Shape of a tensor no rank slices gets the gathered tensor."""
     barriers = gathered_kv(layers)
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
@@ -57,7 +60,9 @@ def walk_forward(
     all_nodes = index.nodes
     output_axis = mapper.output_axis
     # Only a node with an input computed from a Shape can be sized by a whole tensor.
-    sizable = sources.sizable if sources is not None and region is not None else frozenset()
+    sizable = (
+        sources.sizable if sized and sources is not None and region is not None else frozenset()
+    )
     while queue:
         tensor, axis = queue.popleft()
         if tensor in seen or tensor in barriers:

@@ -17,6 +17,9 @@ class Frontier:
     inputs: list[ShardTensor] = field(default_factory=list)
     outputs: list[ShardTensor] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The nodes that run on slices before the layers (the region walked back from them), by
+    # index: the extension's lengths are given by them (sharding/lengths.py).
+    region_nodes: frozenset[int] = frozenset()
 
 
 class GraphOrder:

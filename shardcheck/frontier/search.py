@@ -51,10 +51,20 @@ def data_derived(index: GraphIndex) -> set[str]:
 
 
 def find_frontier(
-    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    *,
+    lengths_by_reader: bool = False,
 ) -> Frontier:
     """The tensors to scatter and to gather for the attention ``layers``, and the warnings of
-    the places where no cut makes CP exact."""
+    the places where no cut makes CP exact.
+
+    ``lengths_by_reader``: the frontier of the extension (hints/extension.py), where
+    ``shardcheck shard`` gives every node that reads a length the one it needs (the whole
+    length off the region, a rank's inside it: sharding/lengths.py), so that no length read
+    moves a cut. Without it, the frontier of the Polygraphy format, where a Shape reads what
+    its tensor's other consumers read."""
     result = Frontier()
     if not layers:
         return result
@@ -87,8 +97,17 @@ def find_frontier(
         walked = back.walk(seeds, whole)
         region, cut = walked.tensors, walked.cut
         cut_lengths: list[tuple[int, int]] = []
-        needed = must_be_whole(index, ids, walked, forward_nodes, layer_output_flags, cut_lengths)
-        needed |= sized_whole(index, mapper, sources, walked)
+        needed = must_be_whole(
+            index,
+            ids,
+            walked,
+            forward_nodes,
+            layer_output_flags,
+            cut_lengths,
+            lengths_by_reader=lengths_by_reader,
+        )
+        if not lengths_by_reader:
+            needed |= sized_whole(index, mapper, sources, walked)
         needed |= sliced_beside(ids, walked)
         needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
         needed |= exposed.read_beside(index, layers, walked)
@@ -108,6 +127,7 @@ def find_frontier(
     result.inputs = in_graph_order(
         order, shapes, {name: axis for name, axis in cut.items() if name not in exposed.queries}
     )
+    result.region_nodes = frozenset(walked.nodes)
     # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
     # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
     # the gathered tensor.
@@ -120,6 +140,7 @@ def find_frontier(
         set(region),
         walked.cut_ids,
         inside_layers,
+        sized=not lengths_by_reader,
         whole_outputs=frozenset(exposed.outputs),
     )
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
@@ -140,6 +161,7 @@ def _gathered(
     cut: list[int],
     inside_layers: set[int],
     *,
+    sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """The tensors to gather (with their axes); the warnings of the walk forward go to
@@ -149,7 +171,8 @@ def _gathered(
     tensors those are depends on the gathers (what follows one is whole), so the walk takes
     every other input it reads for a slice; an input it did not reach that is computed from
     no slice once its gathers are known (and those of the layers' K and V) forces the node to
-    take the gathered tensor, and the walk repeats until no more nodes are forced."""
+    take the gathered tensor, and the walk repeats until no more nodes are forced. Unless
+    ``sized`` is False, a node sized by a whole tensor's Shape takes the gathered tensor."""
     ids = sources.ids
     kv = [ids.id[name] for name in gathered_kv(layers)]
     forced: set[int] = set()
@@ -164,6 +187,7 @@ def _gathered(
             sources,
             region,
             reads_whole,
+            sized=sized,
             whole_outputs=whole_outputs,
         )
         reached = reads_whole.reached

@@ -26,13 +26,18 @@ def must_be_whole(
     forward_nodes: set[int],
     layer_output_flags: bytearray,
     cut_lengths: list[tuple[int, int]] | None = None,
+    *,
+    lengths_by_reader: bool = False,
 ) -> set[str]:
     """Region tensors and cuts that a cut tensor is computed from (through data, or a region
     tensor's length via Shape), and data cuts that nodes read outside the region (its nodes,
     and ``forward_nodes``, those after the layers): all must be computed whole.
 
     ``cut_lengths`` gets each cut whose length a cut is computed from, with the Shape's output
-    (as ids): if the former cannot move, no cut is exact (exactness.py)."""
+    (as ids): if the former cannot move, no cut is exact (exactness.py).
+
+    ``lengths_by_reader`` (the extension's mode, see lengths.py): a Shape gives each reader
+    the length it needs, so a length read never makes a tensor whole."""
     needed: set[str] = set()
     off_walk: list[int] = []
     cut_ids, in_region = region.cut_ids, region.in_region
@@ -64,7 +69,7 @@ def must_be_whole(
         inputs = parents[current]
         if inputs is None:
             read = shape_read[current]
-            if read < 0:  # a graph input or a weight
+            if read < 0 or lengths_by_reader:  # a graph input or a weight; or a length
                 continue
             if sliced(read):
                 if is_cut[read] and cut_lengths is not None:

@@ -14,6 +14,7 @@ from shardcheck.errors import AnalysisError, InputError
 from shardcheck.frontier.search import find_frontier
 from shardcheck.generation import messages
 from shardcheck.generation.compat import generate_polygraphy, guess_seq_len_idx_by_name
+from shardcheck.generation.extension import extended_plan
 from shardcheck.generation.fused import fused_replacements
 from shardcheck.generation.options import GenOptions
 from shardcheck.generation.parts import GenResult, with_options
@@ -35,10 +36,12 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
             result = generate_polygraphy(index, options)
         else:
             result = generate_detected(index, options)
-    about_options = messages.about_options(options)
+    about_options = [*messages.about_options(options), *messages.hidden_layers(index)]
     if not about_options:
         return result
-    return GenResult(result.hints, (*result.warnings, *about_options), result.layers)
+    return GenResult(
+        result.hints, (*result.warnings, *about_options), result.layers, result.extension
+    )
 
 
 def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
@@ -54,6 +57,7 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
 
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()
+    frontier = None
     if not options.no_suggest_io and layers:
         if options.io == "graph":
             inputs, outputs, guessed = _graph_io(index, shapes, layers, options)
@@ -72,7 +76,12 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     found = ShardHints(inputs=inputs, outputs=outputs, **kv_axes)
     contexts = {layer.q for layer in layers if layer.kv_context}
     hints = with_options(found, options, (layer.q for layer in layers), replacements, contexts)
-    return GenResult(hints=hints, warnings=tuple(warnings), layers=tuple(layers))
+    extension = None
+    if frontier is not None and options.extension:
+        extension = extended_plan(index, shapes, layers, hints, len(frontier.warnings))
+    return GenResult(
+        hints=hints, warnings=tuple(warnings), layers=tuple(layers), extension=extension
+    )
 
 
 def _kv_axes(

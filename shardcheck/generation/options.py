@@ -63,6 +63,9 @@ class GenOptions:
     nb_rank: int = 1
     compat: str = "none"
     io: str = "frontier"
+    # Also the extension's plan where it splits more (generation/extension.py); not with
+    # --compat polygraphy nor --io graph.
+    extension: bool = True
 
     def __post_init__(self) -> None:
         # Made in Python as from a manifest: lists taken as tuples, every value's type checked.

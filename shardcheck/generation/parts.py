@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.generation.extension import Extended
 from shardcheck.generation.options import GenOptions
 from shardcheck.hints.model import (
     AttentionLayerHint,
@@ -21,6 +22,8 @@ class GenResult:
     hints: ShardHints
     warnings: tuple[str, ...] = field(default=())
     layers: tuple[AttentionLayer, ...] = field(default=())
+    # The extension's plan, where it splits more than the hints (generation/extension.py).
+    extension: Extended | None = None
 
 
 def with_options(

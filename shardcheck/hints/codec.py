@@ -254,8 +254,10 @@ def is_flat_format(document: Mapping[str, Any]) -> bool:
 def validated(hints: ShardHints, source: str = "<hints>") -> ShardHints:
     """``hints`` as the reader of a file of them would take them: what it refuses (a negative
     axis, a duplicate tensor, a value of the wrong type) is a HintsFormatError naming
-    ``source`` and the field. For hints made in Python, which no reader has seen."""
-    return decode(encode(hints), source)
+    ``source`` and the field. For hints made in Python, which no reader has seen. The
+    extension (``lengths``), which the format does not hold, is kept."""
+    decoded = decode(encode(hints), source)
+    return decoded if hints.lengths is None else decoded.with_changes(lengths=hints.lengths)
 
 
 def decode(document: Any, source: str = "<hints>") -> ShardHints:
@@ -329,6 +331,12 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads(text: str, source: str = "<hints>") -> ShardHints:
     """Parse and validate hints JSON text."""
+    return decode(parse(text, source), source)
+
+
+def parse(text: str, source: str = "<hints>") -> Any:
+    """The JSON document of a hints file (no NaN, no BOM; a key given twice is kept in the
+    object's ``repeated`` for the decoder to refuse)."""
     if text.startswith("\ufeff"):
         raise HintsFormatError(
             source,
@@ -340,7 +348,7 @@ def loads(text: str, source: str = "<hints>") -> ShardHints:
         document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_json_object)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise HintsFormatError(source, "", f"not valid JSON ({_json_problem(exc)})") from None
-    return decode(document, source)
+    return document
 
 
 def _json_problem(exc: Exception) -> str:

@@ -19,7 +19,12 @@ from shardcheck.hints.model import FusedAttention, ShardHints
 from shardcheck.wording import one_line
 
 KINDS = ("added", "removed", "changed")
-_KEYED_COLLECTIONS = {"inputs": "name", "outputs": "name", "attention_layers": "q"}
+_KEYED_COLLECTIONS = {
+    "inputs": "name",
+    "outputs": "name",
+    "attention_layers": "q",
+    "lengths": "node",
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,18 @@ def _fused(fused: FusedAttention | None) -> dict[str, Any] | None:
 
 
 def canonical(hints: ShardHints) -> dict[str, Any]:
-    """Hints as nested dicts keyed by what identifies each entry."""
+    """Hints as nested dicts keyed by what identifies each entry; the extension's lengths
+    (an extension file's) as the length each node named is given."""
+    document = _canonical_hints(hints)
+    if hints.lengths is not None:
+        document["lengths"] = {
+            **dict.fromkeys(hints.lengths.whole, "whole"),
+            **dict.fromkeys(hints.lengths.rank, "rank"),
+        }
+    return document
+
+
+def _canonical_hints(hints: ShardHints) -> dict[str, Any]:
     dist = hints.dist_collectives
     return {
         "parallelism": hints.parallelism,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from shardcheck.errors import HintsFormatError, InputError
 from shardcheck.fsio import nothing_read, why_unreadable, write_text_or_stdout
-from shardcheck.hints.codec import dumps, loads, validated
+from shardcheck.hints.codec import validated
+from shardcheck.hints.extension import hints_text, loads_hints_or_extension
 from shardcheck.hints.model import ShardHints
 
 # A hints file lists a few hundred tensors at most; anything far bigger is not a hints file.
@@ -45,14 +46,17 @@ def read_text_input(path: str | os.PathLike[str], what: str) -> str:
 
 
 def read_hints(path: str | os.PathLike[str]) -> ShardHints:
+    """The hints of a hints file, or of shardcheck's extension file (hints/extension.py):
+    then with the lengths it gives."""
     text = read_text_input(path, "a JSON hints file")
-    return loads(text, source=str(path))
+    return loads_hints_or_extension(text, source=str(path))
 
 
 def write_hints(path: str, hints: ShardHints) -> None:
     """Write ``hints`` (to standard output for ``-``); hints that the reader would refuse
-    (made in Python) are refused before anything is written."""
-    write_text_or_stdout(path, dumps(validated(hints)))
+    (made in Python) are refused before anything is written. Hints with lengths (the
+    extension) are written as an extension file, all others in Polygraphy's format."""
+    write_text_or_stdout(path, hints_text(validated(hints)))
 
 
 __all__ = ["HintsFormatError", "read_hints", "read_text_input", "write_hints"]

@@ -60,8 +60,21 @@ class AttentionLayerHint:
 
 
 @dataclass(frozen=True)
+class LengthReads:
+    """shardcheck's extension to the hints (``extension.py``): the nodes whose shape inputs
+    ``shardcheck shard`` computes from the whole length of the sequence (``whole``: they
+    compute whole tensors, as positions and masks, read off a slice's Shape) or from a rank's
+    length (``rank``: they run on slices, sized by a whole tensor's Shape). The Polygraphy
+    format cannot say it: its shard gives a Shape what its tensor's other consumers read."""
+
+    whole: tuple[str, ...] = ()
+    rank: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ShardHints:
-    """A whole hints file."""
+    """A whole hints file. ``lengths``, the extension, is never written to the Polygraphy
+    format (``codec.py``): only to an extension file (``extension.py``)."""
 
     parallelism: str = "CP"
     attention_layers: tuple[AttentionLayerHint, ...] = ()
@@ -71,6 +84,7 @@ class ShardHints:
     k_seq_len_idx: int = 0
     v_seq_len_idx: int = 0
     kv_rank: int | None = None
+    lengths: LengthReads | None = None
 
     def with_changes(self, **changes: Any) -> ShardHints:
         return replace(self, **changes)

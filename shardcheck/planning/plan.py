@@ -144,7 +144,9 @@ def make_plan(
     sliced: set[int] = set()
     class_of = _classes(index, layers)
     for node in index.nodes:
-        copy = found.copy_of[node.index]
+        copy = found.copy_of.get(node.index)
+        if copy is None:  # computes lengths that the extension's copies compute instead
+            continue
         one, on_rank = node_flops(found.on_one, copy), node_flops(found.on_rank, copy)
         if one is None or on_rank is None:
             uncounted += 1
@@ -283,7 +285,8 @@ def _layer_plans(
         for node in index.nodes[start : ends[position] + 1]:
             if class_of(node) != "projections":
                 continue
-            flops = node_flops(found.on_one, found.copy_of[node.index]) or 0
+            copy = found.copy_of.get(node.index)
+            flops = (node_flops(found.on_one, copy) or 0) if copy is not None else 0
             total += flops
             on += flops if node.index in sliced else 0
         own = [c for c in moved if c.layer == position]

@@ -22,7 +22,13 @@ from shardcheck.analysis.symbolic import size_at
 from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.hints.model import AttentionLayerHint, ShardHints
-from shardcheck.sharding.rewrite import ALL_GATHER, COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
+from shardcheck.sharding.rewrite import (
+    ALL_GATHER,
+    COLLECTIVE_OP,
+    REDUCE_SCATTER,
+    ShardedModel,
+    collective_operation,
+)
 from shardcheck.sharding.rewrite import shard_model as _shard_model
 
 
@@ -35,7 +41,8 @@ class RankShapes:
     index: GraphIndex
     on_rank: ShapeInference
     on_one: ShapeInference
-    copy_of: dict[int, Node]  # original node index -> its node in ``index``
+    # original node index -> its node in ``index`` (none for a node the extension drops)
+    copy_of: dict[int, Node]
     inserted: tuple[Node, ...]  # the collectives and Transposes shard inserted
 
 
@@ -86,7 +93,17 @@ def rank_shapes(
         for node in sharded_index.nodes
         if node.outputs and not any(name in original_tensors for name in node.outputs if name)
     )
-    copy_of = {node.index: copy for node, copy in zip(index.nodes, copies, strict=True)}
+    if len(copies) == len(index.nodes):
+        copy_of = {node.index: copy for node, copy in zip(index.nodes, copies, strict=True)}
+    else:
+        # The extension's shard drops the nodes whose lengths only its copies compute now
+        # (sharding/lengths.py): the others by the tensors they compute.
+        copy_by_output = {name: node for node in copies for name in node.outputs if name}
+        copy_of = {
+            node.index: copy_by_output[node.outputs[0]]
+            for node in index.nodes
+            if node.outputs and node.outputs[0] in copy_by_output
+        }
     return RankShapes(sharded, sharded_index, on_rank, on_one, copy_of, inserted)
 
 
@@ -117,18 +134,11 @@ def _after_scatters(nodes: Iterable[onnx.NodeProto]) -> set[str]:
     """The tensors computed from a scattered one (through shapes too), nodes in graph order."""
     affected: set[str] = set()
     for node in nodes:
-        if node.op_type == COLLECTIVE_OP and _operation(node) == REDUCE_SCATTER:
+        if node.op_type == COLLECTIVE_OP and collective_operation(node) == REDUCE_SCATTER:
             affected.update(node.output)
         elif not affected.isdisjoint(node.input):
             affected.update(node.output)
     return affected
-
-
-def _operation(node: onnx.NodeProto) -> str:
-    for attribute in node.attribute:
-        if attribute.name == "collective_operation":
-            return attribute.s.decode()
-    return ""
 
 
 def _collective_rules(ranks: int) -> dict[str, ExtraRule]:

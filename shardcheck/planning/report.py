@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from shardcheck.errors import ShardcheckError
@@ -13,7 +14,8 @@ from shardcheck.runtime.memory import human
 from shardcheck.wording import counted, one_line
 
 
-def _percent(share: float) -> str:
+def percent(share: float) -> str:
+    """``share`` (0 to 1) as a percentage with one decimal: ``95.6%``."""
     return f"{100 * share:.1f}%"
 
 
@@ -22,9 +24,9 @@ def summary_line(plan: Plan) -> str:
     attention, projections = plan.classes["attention"], plan.classes["projections"]
     return (
         f"{plan.model}: plan at length {plan.seq_len} on {counted(plan.ranks, 'rank')}: "
-        f"{_percent(plan.flops_on_slices)} of FLOPs on slices (attention core "
-        f"{_percent(attention.share_on_slices)}, projections and MLP "
-        f"{_percent(projections.share_on_slices)}), speed-up at most "
+        f"{percent(plan.flops_on_slices)} of FLOPs on slices (attention core "
+        f"{percent(attention.share_on_slices)}, projections and MLP "
+        f"{percent(projections.share_on_slices)}), speed-up at most "
         f"{plan.speedup_bound:.2f}x"
     )
 
@@ -85,14 +87,19 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def render_json(plan: Plan) -> str:
-    return json.dumps({"plan": plan_dict(plan)}, indent=2) + "\n"
+def render_json(plan: Plan, plans: Mapping[str, Any] | None = None) -> str:
+    """explain's JSON: the ``plan``, and ``plans``, how much each of gen's plans splits
+    (generation/extension.py; null for hints given)."""
+    return json.dumps({"plan": plan_dict(plan), "plans": plans}, indent=2) + "\n"
 
 
-def render_text(plan: Plan) -> str:
+def render_text(plan: Plan, plans_line: str | None = None) -> str:
+    """explain's text; ``plans_line``: how much each of gen's plans splits, after the
+    hints' line."""
     lines = [
         summary_line(plan),
         f"hints: {plan.hints}",
+        *([f"plans: {plans_line}"] if plans_line else []),
         "",
         "FLOPs (single device)      on slices        whole  share",
     ]
@@ -100,11 +107,11 @@ def render_text(plan: Plan) -> str:
         flops = plan.classes[name]
         lines.append(
             f"  {CLASS_TITLES[name]:<24} {flops.on_slices:>10} {flops.whole:>12}  "
-            f"{_percent(flops.share_on_slices):>6}"
+            f"{percent(flops.share_on_slices):>6}"
         )
     lines.append(
         f"  {'all':<24} {sum(c.on_slices for c in plan.classes.values()):>10} "
-        f"{sum(c.whole for c in plan.classes.values()):>12}  {_percent(plan.flops_on_slices):>6}"
+        f"{sum(c.whole for c in plan.classes.values()):>12}  {percent(plan.flops_on_slices):>6}"
     )
     lines.append(
         f"per rank: {plan.flops_per_rank} FLOPs of {plan.flops_total}; speed-up bound "
@@ -138,7 +145,7 @@ def _layer_lines(plan: Plan) -> list[str]:
         q = "Q local" if first.q_local else "Q whole"
         lines.append(
             f"  {span}: {q}; {collectives}; receives {received} per layer; projections "
-            f"{_percent(first.projections_on_slices)} on slices"
+            f"{percent(first.projections_on_slices)} on slices"
         )
     outputs = [c for c in plan.collectives if c.role == "gather output" and c.layer is None]
     if outputs:

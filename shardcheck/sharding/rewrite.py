@@ -65,6 +65,14 @@ class ShardedModel:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
+def collective_operation(node: onnx.NodeProto) -> str:
+    """A DistCollective's ``collective_operation`` (REDUCE_SCATTER, ALL_GATHER, ...)."""
+    for attribute in node.attribute:
+        if attribute.name == "collective_operation":
+            return attribute.s.decode()
+    return ""
+
+
 def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.AttributeProto]:
     """The attributes Polygraphy writes on a DistCollective, in its order."""
     reduce_op = dist.reduce_op if operation == REDUCE_SCATTER else "none"
@@ -347,11 +355,20 @@ def shard_model(
             rewriter.collective(
                 tensor.name, ALL_GATHER, tensor.seq_len_idx, tensor.rank, f"outputs[{position}]"
             )
-    return ShardedModel(
+    sharded = ShardedModel(
         model=_build_model(index, rewriter),
         tails=dict(rewriter.tails),
         outputs=dict(zip(index.graph_outputs, rewriter.graph_outputs, strict=True)),
     )
+    if hints.lengths is None:
+        return sharded
+    # The extension: the nodes it names get the length they need (lengths.py).
+    from shardcheck.sharding.lengths import give_lengths
+
+    shapes = rewriter._shapes if rewriter._shapes is not None else ShapeInference(index)
+    if detected is None:
+        detected = detect_attention(index, shapes)
+    return give_lengths(index, shapes, detected, hints, sharded, hints_source)
 
 
 def _layer_gathers(

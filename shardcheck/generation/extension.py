@@ -1,0 +1,145 @@
+"""gen's second plan: the extension (hints/extension.py), where it splits more.
+
+The Polygraphy-format frontier must place every cut where each Shape reads the length its
+readers need; where that puts the cut deep inside each layer, the frontier of the extension
+(``find_frontier(lengths_by_reader=True)``), carried out by ``shardcheck shard`` with each node
+given its length (sharding/lengths.py), may run the projections and the MLP on slices too. gen
+offers it when it counts more of their FLOPs on slices (planning/'s figure) than the hints do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardcheck.analysis.baked import baked_lengths
+from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.errors import InputError, ShardcheckError
+from shardcheck.frontier.search import find_frontier
+from shardcheck.graph.index import GraphIndex
+from shardcheck.hints.model import ShardHints
+from shardcheck.planning.plan import DEFAULT_RANKS, Plan, make_plan
+from shardcheck.planning.report import percent
+from shardcheck.sharding.lengths import length_readers, mixed_lengths
+from shardcheck.sharding.rewrite import shard_model
+
+# Positions per rank of the length the plans are counted at when the default one is too long.
+FALLBACK_POSITIONS = 8
+
+
+@dataclass(frozen=True)
+class PlanShares:
+    """The share of the projection and MLP FLOPs that run on slices, and of all FLOPs."""
+
+    projections: float
+    flops: float
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanShares:
+        return cls(plan.classes["projections"].share_on_slices, plan.flops_on_slices)
+
+
+@dataclass(frozen=True)
+class Extended:
+    """The extension's plan (``hints``, with their lengths) and both plans' shares."""
+
+    hints: ShardHints
+    plain: PlanShares
+    extended: PlanShares
+
+
+def extended_plan(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    plain_warnings: int,
+) -> Extended | None:
+    """The extension of ``hints`` (gen's Polygraphy-format hints, whose frontier warned
+    ``plain_warnings`` times), or None where it would not split more or may not be exact: the
+    same cut, a length traced into the model, more places without an exact cut, a node of its
+    multi-device model that the shapes on a rank show broadcasting a whole length against a
+    rank's, or no more projection FLOPs on slices. Counted at the default length on the
+    hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts."""
+    if baked_lengths(index, shapes, sequence_dim(shapes, layers)):
+        # A length traced into Reshapes cannot be given to a rank: the model runs at that
+        # length only, and the extension has nothing to give its nodes.
+        return None
+    frontier = find_frontier(index, shapes, layers, lengths_by_reader=True)
+    if len(frontier.warnings) > plain_warnings or not frontier.inputs:
+        return None
+    cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
+    if cut == hints:
+        return None
+    try:
+        sharded = shard_model(index, cut, shapes=shapes, detected=layers)
+        lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
+        extended = cut.with_changes(lengths=lengths)
+        model = shard_model(index, extended, shapes=shapes, detected=layers)
+        if mixed_lengths(index, shapes, extended, model) is not None:
+            return None
+        nb_rank = hints.dist_collectives.nb_rank
+        ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
+        plain, found = _shares(index, (hints, extended), ranks)
+    except ShardcheckError:
+        return None  # a plan that cannot be counted (a length it cannot split) is no gain
+    if found.projections <= plain.projections:
+        return None
+    return Extended(extended, plain, found)
+
+
+def _shares(
+    index: GraphIndex, plans: tuple[ShardHints, ShardHints], ranks: int
+) -> tuple[PlanShares, PlanShares]:
+    """Both plans' shares at the default length, or at a short one (FALLBACK_POSITIONS per
+    rank) where a model cannot be counted at the default (past its position table)."""
+    try:
+        return tuple(PlanShares.of(make_plan(index, hints, ranks=ranks)) for hints in plans)  # type: ignore[return-value]
+    except InputError:
+        length = FALLBACK_POSITIONS * ranks
+        return tuple(  # type: ignore[return-value]
+            PlanShares.of(make_plan(index, hints, ranks=ranks, seq_len=length)) for hints in plans
+        )
+
+
+def shares_line(extended: Extended, extension_file: str | None) -> str:
+    """gen's line of the two plans: "Polygraphy-compatible hints: 0.0% of the projection and
+    MLP FLOPs on slices; 'shardcheck shard' with the extension FILE: 100.0%"."""
+    where = f" {extension_file}" if extension_file else ""
+    return (
+        f"Polygraphy-compatible hints: {percent(extended.plain.projections)} of the projection "
+        f"and MLP FLOPs on slices; 'shardcheck shard' with the extension{where}: "
+        f"{percent(extended.extended.projections)}"
+    )
+
+
+def extension_report(extended: Extended | None, written: str | None) -> dict[str, object] | None:
+    """The extension in gen's JSON report: the file written (null with ``-o -``) and both
+    plans' shares of the projection and MLP FLOPs on slices; None where gen offers none."""
+    if extended is None:
+        return None
+    return {
+        "file": written,
+        "hints": _shares_dict(extended.plain),
+        "extension": _shares_dict(extended.extended),
+    }
+
+
+def plans_report(extended: Extended | None) -> dict[str, object] | None:
+    """explain's ``plans``: each of gen's plans' shares of the projection and MLP FLOPs and of
+    all FLOPs on slices, and which one gen writes as the default plan; None without an
+    extension (the hints are the only plan)."""
+    if extended is None:
+        return None
+    return {
+        "written": "extension",
+        "hints": _shares_dict(extended.plain),
+        "extension": _shares_dict(extended.extended),
+    }
+
+
+def _shares_dict(shares: PlanShares) -> dict[str, float]:
+    return {
+        "projections_on_slices": round(shares.projections, 6),
+        "flops_on_slices": round(shares.flops, 6),
+    }

@@ -1,0 +1,138 @@
+"""shardcheck's extension file: hints that the Polygraphy format cannot hold, beside the hints.
+
+Polygraphy's ``multi-device shard`` rewires every consumer of a scattered tensor, its Shapes
+too, and keeps every other Shape on what it reads: no node can read another length than its
+tensor's other consumers do. Where that forces the cut deep into each layer (positions and
+masks sized by a slice's length, head splits by a whole tensor's), gen also writes a plan that
+``shardcheck shard`` carries out with each node given the length it needs
+(``sharding/lengths.py``). It lives in its own file, ``HINTS.shardcheck.json`` beside
+``HINTS.json`` by default, so that the hints file stays the Polygraphy-compatible one::
+
+    {
+        "shardcheck_extension": "lengths",
+        "version": 1,
+        "hints": {... a whole hints document, Polygraphy 0.53.6's format ...},
+        "whole_length": ["node", ...],
+        "rank_length": ["node", ...]
+    }
+
+``whole_length``: the nodes that compute with the whole length (they index data by positions
+computed from a slice's length); ``rank_length``: the Reshapes and Expands of slices whose
+target holds a whole length. What the hints scatter is computed with the whole length always.
+The file is used only where it is named: every command that reads hints reads it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardcheck.errors import HintsFormatError
+from shardcheck.hints.codec import decode, dumps, encode, parse
+from shardcheck.hints.model import LengthReads, ShardHints
+from shardcheck.wording import shown
+
+TAG_KEY = "shardcheck_extension"
+TAG = "lengths"
+VERSION = 1
+KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length")
+SUFFIX = ".shardcheck.json"
+
+
+def extension_path(hints_path: str) -> str:
+    """Where gen writes the extension of ``hints_path``: ``h.json`` -> ``h.shardcheck.json``."""
+    stem = hints_path[: -len(".json")] if hints_path.endswith(".json") else hints_path
+    return stem + SUFFIX
+
+
+def is_extension(document: Any) -> bool:
+    return isinstance(document, Mapping) and TAG_KEY in document
+
+
+def encode_extension(hints: ShardHints) -> dict[str, Any]:
+    """The extension document of ``hints`` (which hold ``lengths``)."""
+    lengths = hints.lengths or LengthReads()
+    return {
+        TAG_KEY: TAG,
+        "version": VERSION,
+        "hints": encode(hints),
+        "whole_length": list(lengths.whole),
+        "rank_length": list(lengths.rank),
+    }
+
+
+def dumps_extension(hints: ShardHints) -> str:
+    """Serialised as the hints are (4-space indent, a final newline)."""
+    return json.dumps(encode_extension(hints), indent=4) + "\n"
+
+
+def hints_text(hints: ShardHints) -> str:
+    """The text of the file of ``hints``: an extension file's with lengths, else the hints'."""
+    return dumps(hints) if hints.lengths is None else dumps_extension(hints)
+
+
+def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
+    """The hints of an extension document, with their ``lengths``; HintsFormatError names the
+    field that is wrong."""
+    repeated = getattr(document, "repeated", ())
+    if repeated:
+        raise HintsFormatError(source, repeated[0], "key given twice in the same object")
+    unknown = [key for key in document if key not in KEYS]
+    if unknown:
+        raise HintsFormatError(
+            source, unknown[0], f"unknown key of a shardcheck extension file (keys: {KEYS})"
+        )
+    if document[TAG_KEY] != TAG:
+        raise HintsFormatError(source, TAG_KEY, f"expected {TAG!r}, got {shown(document[TAG_KEY])}")
+    version = document.get("version")
+    if version != VERSION:
+        raise HintsFormatError(
+            source,
+            "version",
+            f"version {shown(version)} is not one this shardcheck reads ({VERSION}); "
+            "regenerate the file with 'shardcheck gen'",
+        )
+    if "hints" not in document:
+        raise HintsFormatError(source, "hints", "missing: the extension holds the whole hints")
+    hints = decode(document["hints"], source)
+    names: dict[str, tuple[str, ...]] = {}
+    for key in ("whole_length", "rank_length"):
+        value = document.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise HintsFormatError(
+                source, key, f"expected a list of node names, got {shown(value)}"
+            )
+        if len(set(value)) != len(value):
+            repeated = next(name for name in value if value.count(name) > 1)
+            raise HintsFormatError(source, key, f"names node {shown(repeated)} twice")
+        names[key] = tuple(value)
+    both = set(names["whole_length"]) & set(names["rank_length"])
+    if both:
+        raise HintsFormatError(
+            source, "rank_length", f"{shown(min(both))} is in whole_length too: it needs one"
+        )
+    return hints.with_changes(
+        lengths=LengthReads(whole=names["whole_length"], rank=names["rank_length"])
+    )
+
+
+def loads_hints_or_extension(text: str, source: str) -> ShardHints:
+    """Hints from a hints file or from an extension file (its hints, with their lengths)."""
+    document = parse(text, source)
+    if is_extension(document):
+        return decode_extension(document, source)
+    return decode(document, source)
+
+
+def is_extension_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file that shardcheck wrote as an extension (one that
+    gen or check may replace or remove)."""
+    try:
+        if not Path(path).is_file():
+            return False
+        return is_extension(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError):
+        return False

@@ -1,0 +1,561 @@
+"""The extension's lengths: every node of the multi-device model gets the length it needs.
+
+In Polygraphy's multi-device model a ``Shape`` reads what its tensor's other consumers read:
+the slice of a scattered tensor, or a tensor every rank holds whole. The length then reaches
+nodes that need the other one. Positions and masks are computed whole on every rank (then
+scattered), so they need the whole length, which a Shape of a slice does not give
+(TorchScript's ``arange(inputs_embeds.shape[1])``). The reshapes of the slices need a rank's
+length, which a Shape of a whole tensor does not give (the dynamo exporter sizes every head
+split by ``attention_mask.shape[1]``). So the Polygraphy-format frontier moves its cuts past
+both, deep into each layer.
+
+With the extension (``ShardHints.lengths``), ``shardcheck shard`` recomputes the shape inputs
+of the nodes it names: each length along the sequence that a Shape reads is taken instead from
+a scattered tensor of the hints, before its reduce-scatter (the whole length) or after it (a
+rank's). The nodes computing those inputs are copied, so that the nodes needing the other
+length keep the originals. ``length_readers`` finds the nodes to name: those that read a slice
+(and so run on one) but are given the whole length, and those that read none (they compute
+whole tensors) but are given a slice's. The attention layers' insides are left as they are:
+their keys are whole, their queries sliced.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+import onnx
+from onnx import helper
+
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.shape_rules import apply_rule
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import always_one, is_name, mentions
+from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
+from shardcheck.errors import HintsMismatchError
+from shardcheck.graph.index import Dim, GraphIndex, Node
+from shardcheck.graph.ops import ELEMENTWISE, SHAPE_OPS
+from shardcheck.hints.model import LengthReads, ShardHints
+from shardcheck.sharding.fused import live_nodes
+from shardcheck.sharding.rewrite import (
+    ALL_GATHER,
+    COLLECTIVE_OP,
+    REDUCE_SCATTER,
+    ShardedModel,
+    collective_operation,
+)
+
+WHOLE, RANK = "whole", "rank"
+# The ops whose target shape the extension scales to a rank's length.
+RESIZING_OPS = frozenset(["Reshape", "Expand"])
+# The nodes computing a whole tensor that the extension gives the whole length: those that
+# index data by positions (a padding mask gathered at the keys' positions, from a Range over
+# a slice's length). Others that read no slice keep what the shard gives them: HF's BERT
+# builds its mask over the queries from a slice's length, consistent with the slices.
+INDEXING_OPS = frozenset(["Gather", "GatherElements", "GatherND"])
+# The input that holds the target shape, by op: a node computing a whole tensor keeps it.
+TARGET_INPUT = {"Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0}
+# A rank's length in the shapes on a rank: the whole length's symbol with this appended.
+ON_RANK = "_on_rank"
+
+
+class _LengthGraph:
+    """The multi-device model's nodes, with what each tensor is: data (computed from a graph
+    input's values) or a length-like value (from shapes and constants); a slice (computed
+    from a reduce-scatter) or whole. Copies the length computations on demand."""
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        shapes: ShapeInference,
+        layers: Iterable[AttentionLayer],
+        hints: ShardHints,
+        sharded: ShardedModel,
+    ) -> None:
+        self.shapes = shapes
+        self.sharded = sharded
+        self.nodes = [_copied(node) for node in sharded.model.graph.node]
+        self.inside = {index.nodes[at].name for layer in layers for at in layer.internal}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.data: set[str] = {info.name for info in sharded.model.graph.input}
+        self.data -= {init.name for init in sharded.model.graph.initializer}
+        self.sliced: set[str] = set()
+        for node in self.nodes:
+            for output in node.output:
+                self.producer[output] = node
+            if node.op_type in SHAPE_OPS:
+                continue
+            reads = [name for name in node.input if name]
+            if any(name in self.data for name in reads):
+                self.data.update(node.output)
+            if node.op_type == COLLECTIVE_OP:
+                if collective_operation(node) == REDUCE_SCATTER:
+                    self.sliced.update(node.output)
+            elif any(name in self.sliced for name in reads):
+                self.sliced.update(node.output)
+        self.source = {tail: chain.source for tail, chain in sharded.tails.items()}
+        # A scattered tensor of the hints for each length that the sequence axes carry: its
+        # Shape before the reduce-scatter is the whole length, after it a rank's.
+        self.references: dict[str, tuple[str, str, int]] = {}
+        scattered = {
+            chain.source: tail
+            for tail, chain in sharded.tails.items()
+            if chain.operation == REDUCE_SCATTER
+        }
+        for tensor in hints.inputs:
+            shape = shapes.shape(tensor.name)
+            if shape is None or tensor.seq_len_idx >= len(shape) or tensor.name not in scattered:
+                continue
+            dim = shape[tensor.seq_len_idx]
+            if isinstance(dim, str):
+                self.references.setdefault(
+                    dim, (tensor.name, scattered[tensor.name], tensor.seq_len_idx)
+                )
+        self.added: list[onnx.NodeProto] = []
+        self.names = {name for node in self.nodes for name in (*node.input, *node.output)}
+        self.names |= {node.name for node in self.nodes}
+        self._copies: dict[tuple[str, str], str] = {}
+        self._on_rank: ShapeInference | None = None
+        self.region: frozenset[str] = frozenset()
+        # The Reshapes and Expands that may be given a rank's length.
+        self.resizing: set[str] = {node.name for node in self.nodes if self.wanted(node) == RANK}
+
+    def wanted(self, node: onnx.NodeProto) -> str | None:
+        """The length ``node`` needs, where it may be given another: WHOLE for a node that
+        reads data but no slice (it computes a whole tensor) and for a reduce-scatter (what it
+        scatters is computed whole); RANK for a Reshape or Expand of a slice. None for the
+        others: the nodes computing lengths (part of what is given), those inside an
+        attention layer, and the ones whose lengths are as the shard gives them."""
+        if node.name in self.inside or node.op_type in SHAPE_OPS:
+            return None
+        reads = [name for name in node.input if name]
+        sliced = any(name in self.sliced for name in reads)
+        if node.op_type == COLLECTIVE_OP:
+            return WHOLE if collective_operation(node) == REDUCE_SCATTER else None
+        if not any(name in self.data for name in reads):
+            return None
+        if not sliced:
+            # A node of the region that reads no slice (a mask's Expand over the queries,
+            # sized by a slice's Shape) runs on slices all the same: as the shard sizes it.
+            if node.name in self.region or node.op_type not in INDEXING_OPS:
+                return None
+            return WHOLE
+        return RANK if node.op_type in RESIZING_OPS else None
+
+    def give(self, node: onnx.NodeProto, length: str) -> bool:
+        """Give ``node`` ``length``; whether any of its inputs changed."""
+        return self._give_whole(node) if length == WHOLE else self._give_rank(node)
+
+    def _give_whole(self, node: onnx.NodeProto) -> bool:
+        """Recompute the length-like inputs of ``node`` with the whole length: the values it
+        computes with (positions, the indices of a Gather), not a target shape. An Expand of
+        a whole mask over the queries, sized by a slice's Shape, is the rank's slice of it,
+        as the shard sizes it (HF's BERT expands its padding mask so)."""
+        changed = False
+        target = TARGET_INPUT.get(node.op_type)
+        for position, name in enumerate(node.input):
+            if not name or name in self.data or position == target:
+                continue
+            copy = self._copy(name, WHOLE)
+            if copy != name:
+                node.input[position] = copy
+                changed = True
+        return changed
+
+    def _give_rank(self, node: onnx.NodeProto) -> bool:
+        """A Reshape's or Expand's target with each whole length along the slice's axis
+        scaled to a rank's: the target's entry times a rank's length over the whole one
+        (``batch*sequence`` becomes ``batch*sequence/N``)."""
+        on_rank = self.on_rank()
+        scaled = self._scaling(on_rank, node.input, node.op_type)
+        if not scaled:
+            return False
+        size = len(on_rank.value(node.input[1]) or ())
+        node.input[1] = self._scaled(node.input[1], size, scaled)
+        return True
+
+    def _scaling(
+        self, on_rank: ShapeInference, inputs: Sequence[str], op_type: str
+    ) -> dict[int, str]:
+        """The entries of a Reshape's or Expand's target to scale, with the symbol of the
+        length each holds: those that the shapes on a rank show to be a whole length where
+        the slice has a rank's."""
+        if len(inputs) < 2 or not inputs[1] or inputs[1] in self.data:
+            return {}
+        target = on_rank.value(inputs[1])
+        data = on_rank.shape(inputs[0])
+        if target is None or data is None:
+            return {}
+        scaled: dict[int, str] = {}
+        for symbol in self.references:
+            local = symbol + ON_RANK
+            if not any(mentions(dim, local) for dim in data):
+                continue
+            whole = [at for at, dim in enumerate(target) if mentions(dim, symbol)]
+            if op_type == "Expand":
+                offset = len(target) - len(data)
+                whole = [
+                    at for at in whole if 0 <= at - offset and mentions(data[at - offset], local)
+                ]
+            elif len(whole) != 1:  # a Reshape: which entry is the slice's is not known
+                continue
+            scaled.update(dict.fromkeys(whole, symbol))
+        return scaled
+
+    def _scaled(self, target: str, size: int, scaled: dict[int, str]) -> str:
+        """``target`` times (a rank's length over the whole one) at the entries of ``scaled``:
+        a Mul and a Div by vectors that hold 1 elsewhere, exact on integers."""
+        factors = []
+        for length in (RANK, WHOLE):
+            pieces = []
+            for at in range(size):
+                symbol = scaled.get(at)
+                if symbol is None:
+                    pieces.append(self._constant([1]))
+                else:
+                    whole, rank_tensor, axis = self.references[symbol]
+                    tensor = rank_tensor if length == RANK else whole
+                    pieces.append(self._dim(tensor, axis, length))
+            vector = self._new(f"{target}/{length}_length_factor")
+            self.added.append(
+                helper.make_node("Concat", pieces, [vector], name=self._new(vector), axis=0)
+            )
+            factors.append(vector)
+        times = self._new(f"{target}/times_rank_length")
+        self.added.append(
+            helper.make_node("Mul", [target, factors[0]], [times], name=self._new(times))
+        )
+        result = self._new(f"{target}/rank_length")
+        self.added.append(
+            helper.make_node("Div", [times, factors[1]], [result], name=self._new(result))
+        )
+        return result
+
+    def _constant(self, values: list[int]) -> str:
+        key = (f"\0constant{values}", "")
+        known = self._copies.get(key)
+        if known is None:
+            known = self._new("shardcheck/length_one")
+            tensor = helper.make_tensor(known, onnx.TensorProto.INT64, [len(values)], values)
+            self.added.append(
+                helper.make_node("Constant", [], [known], name=self._new(known), value=tensor)
+            )
+            self._copies[key] = known
+        return known
+
+    def on_rank(self) -> ShapeInference:
+        """The shapes of the multi-device model on a rank: a reduce-scatter gives its axis a
+        rank's length (the symbol with ON_RANK appended), an all-gather the whole one, and
+        the Reshapes and Expands to be given a rank's length (``self.resizing``) have it, so
+        that what follows them is inferred as it will be."""
+        if self._on_rank is None:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.sharded.model)
+            # What the model declares holds for one device: not for what a scatter reaches.
+            affected = set(self.sliced)
+            for node in model.graph.node:
+                if not affected.isdisjoint(node.input):
+                    affected.update(node.output)
+            kept = [info for info in model.graph.value_info if info.name not in affected]
+            del model.graph.value_info[:]
+            model.graph.value_info.extend(kept)
+            index = GraphIndex(model, source="<the multi-device model>")
+            rules = dict.fromkeys(RESIZING_OPS, self._resized)
+            rules[COLLECTIVE_OP] = _collective_on_rank
+            self._on_rank = ShapeInference(index, rules)
+        return self._on_rank
+
+    def _resized(self, shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
+        scaled = (
+            self._scaling(shapes, node.inputs, node.op_type) if node.name in self.resizing else {}
+        )
+        if not scaled:
+            return apply_rule(shapes, node)
+        target = node.inputs[1]
+        info = shapes.info[target]
+        value = list(info.value or ())
+        for at, symbol in scaled.items():
+            value[at] = _on_rank_dim(value[at], symbol)
+        shapes.info[target] = TensorInfo(info.shape, tuple(value))
+        try:
+            return apply_rule(shapes, node)
+        finally:
+            shapes.info[target] = info
+
+    def _copy(self, tensor: str, length: str) -> str:
+        """``tensor`` computed with ``length`` (itself, when that changes nothing)."""
+        key = (tensor, length)
+        known = self._copies.get(key)
+        if known is not None:
+            return known
+        self._copies[key] = tensor  # guards against cycles in malformed graphs
+        producer = self.producer.get(tensor)
+        result = tensor
+        if producer is None or producer.op_type in ("Constant", COLLECTIVE_OP):
+            pass
+        elif producer.op_type in SHAPE_OPS and producer.input[0] not in self.data:
+            # The Shape of a tensor computed from lengths (a mask made from Ranges): the
+            # Shape of its copy.
+            read = self._copy(producer.input[0], length)
+            if read != producer.input[0]:
+                result = self._new(f"{tensor}/{length}_length")
+                copy = _copied(producer)
+                copy.input[0] = read
+                copy.output[0] = result
+                copy.name = self._new(result)
+                self.added.append(copy)
+        elif producer.op_type == "Shape":
+            result = self._shape(producer, length)
+        elif producer.op_type not in SHAPE_OPS and not any(
+            name in self.data for name in producer.input if name
+        ):
+            inputs = [self._copy(name, length) if name else name for name in producer.input]
+            if inputs != list(producer.input):
+                copy = onnx.NodeProto()
+                copy.CopyFrom(producer)
+                del copy.input[:]
+                copy.input.extend(inputs)
+                del copy.output[:]
+                copy.output.extend(self._new(f"{out}/{length}_length") for out in producer.output)
+                copy.name = self._new(f"{producer.name}/{length}_length")
+                self.added.append(copy)
+                for out, new in zip(producer.output, copy.output, strict=True):
+                    self._copies[(out, length)] = new
+                result = self._copies[key]
+        self._copies[key] = result
+        return result
+
+    def _shape(self, node: onnx.NodeProto, length: str) -> str:
+        """A Shape's output with each length along the sequence taken from a reference."""
+        read = node.input[0]
+        shape = self.shapes.shape(self.source.get(read, read))
+        if shape is None:
+            return node.output[0]
+        start, end = _bounds(node, len(shape))
+        given = RANK if read in self.sliced else WHOLE
+        pieces: list[str] = []
+        changed = False
+        for axis in range(start, end):
+            dim = shape[axis]
+            reference = self.references.get(dim) if isinstance(dim, str) else None
+            if reference is not None and given != length:
+                whole, scattered, at = reference
+                pieces.append(self._dim(whole if length == WHOLE else scattered, at, length))
+                changed = True
+            else:
+                pieces.append(self._dim(read, axis, given))
+        if not changed:
+            return node.output[0]
+        if len(pieces) == 1:
+            return pieces[0]
+        output = self._new(f"{node.output[0]}/{length}_length")
+        self.added.append(
+            helper.make_node("Concat", pieces, [output], name=self._new(output), axis=0)
+        )
+        return output
+
+    def _dim(self, tensor: str, axis: int, length: str) -> str:
+        key = (f"{tensor}\0{axis}", length)
+        known = self._copies.get(key)
+        if known is None:
+            known = self._new(f"{tensor}/{length}_length_{axis}")
+            self.added.append(
+                helper.make_node(
+                    "Shape", [tensor], [known], name=self._new(known), start=axis, end=axis + 1
+                )
+            )
+            self._copies[key] = known
+        return known
+
+    def _new(self, wanted: str) -> str:
+        name, counter = wanted, 1
+        while name in self.names:
+            counter += 1
+            name = f"{wanted}_{counter}"
+        self.names.add(name)
+        return name
+
+    def model(self) -> ShardedModel:
+        """The multi-device model with the copies, in a topological order."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.sharded.model)
+        del model.graph.node[:]
+        ordered = _sorted([*self.nodes, *self.added], model.graph)
+        # The originals that only the nodes given other lengths read go.
+        outputs = [info.name for info in model.graph.output]
+        model.graph.node.extend(live_nodes(ordered, outputs))
+        return replace(self.sharded, model=model)
+
+
+def length_readers(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: Iterable[AttentionLayer],
+    hints: ShardHints,
+    sharded: ShardedModel,
+    region: Iterable[int],
+) -> LengthReads:
+    """The nodes of ``sharded`` (the multi-device model of ``hints``, without the extension)
+    that its Shapes give another length than the one they need; ``region``: the nodes of
+    the model that run on slices before the layers (the frontier's, by index)."""
+    graph = _LengthGraph(index, shapes, layers, hints, sharded)
+    graph.region = frozenset(index.nodes[at].name for at in region)
+    found = _give(graph, None)
+    return LengthReads(whole=tuple(found[WHOLE]), rank=tuple(found[RANK]))
+
+
+def give_lengths(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: Iterable[AttentionLayer],
+    hints: ShardHints,
+    sharded: ShardedModel,
+    hints_source: str,
+) -> ShardedModel:
+    """``sharded`` with the nodes that ``hints.lengths`` names given their lengths, and what
+    it scatters computed with the whole length."""
+    lengths = hints.lengths
+    if lengths is None:
+        return sharded
+    graph = _LengthGraph(index, shapes, layers, hints, sharded)
+    by_name = {node.name: node for node in graph.nodes}
+    named = {WHOLE: set(lengths.whole), RANK: set(lengths.rank)}
+    for key, names, length in (
+        ("whole_length", lengths.whole, WHOLE),
+        ("rank_length", lengths.rank, RANK),
+    ):
+        for position, name in enumerate(names):
+            node = by_name.get(name)
+            problem = None
+            if node is None or node.op_type == COLLECTIVE_OP:
+                problem = f"is not a node of the model {index.source}"
+            elif graph.wanted(node) != length:
+                problem = _WHY_NOT[length]
+            if problem is not None:
+                raise HintsMismatchError(f"{hints_source}: {key}[{position}]: {name!r} {problem}")
+    graph.resizing &= named[RANK]
+    _give(graph, named)
+    return graph.model()
+
+
+def mixed_lengths(
+    index: GraphIndex, shapes: ShapeInference, hints: ShardHints, sharded: ShardedModel
+) -> str | None:
+    """The first elementwise node of ``sharded`` (a multi-device model of ``hints``) that the
+    shapes on a rank show to broadcast a whole length against a rank's on one axis: on a rank
+    it cannot run. gen offers no extension whose model has one. None when no node does."""
+    graph = _LengthGraph(index, shapes, (), hints, sharded)
+    graph.resizing = set()
+    on_rank = graph.on_rank()
+    symbols = list(graph.references)
+    for node in on_rank.index.nodes:
+        if node.op_type not in ELEMENTWISE:
+            continue
+        known = [shape for shape in map(on_rank.shape, node.inputs) if shape]
+        if len(known) < 2:
+            continue
+        rank = max(len(shape) for shape in known)
+        for axis in range(1, rank + 1):
+            # A dim the exporter spells as an expression of the length that is 1 (dynamo's
+            # "1 - Max(0, 1 - sequence)") broadcasts.
+            dims = [shape[-axis] for shape in known if len(shape) >= axis]
+            dims = [dim for dim in dims if not always_one(dim)]
+            for symbol in symbols:
+                whole = any(mentions(dim, symbol) for dim in dims)
+                if whole and any(mentions(dim, symbol + ON_RANK) for dim in dims):
+                    return node.name
+    return None
+
+
+_WHY_NOT = {
+    WHOLE: "is no node that computes a whole tensor (one that reads data, none of it a slice)",
+    RANK: "is no Reshape or Expand of a slice outside the attention layers",
+}
+
+
+def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, list[str]]:
+    """Give the nodes their lengths (those of ``named``, or every one that needs another),
+    the reduce-scatters theirs always; the nodes, other than those, whose inputs changed.
+    The Reshapes and Expands first: the shapes on a rank are of the model as sharded."""
+    found: dict[str, list[str]] = {WHOLE: [], RANK: []}
+    for length in (RANK, WHOLE):
+        for node in graph.nodes:
+            if graph.wanted(node) != length:
+                continue
+            implicit = node.op_type == COLLECTIVE_OP
+            if not implicit and named is not None and node.name not in named[length]:
+                continue
+            if graph.give(node, length) and not implicit:
+                found[length].append(node.name)
+    return found
+
+
+def _on_rank_dim(dim: Dim, symbol: str) -> Dim:
+    """``dim`` with its length ``symbol`` made a rank's."""
+    if not isinstance(dim, str):
+        return dim
+    return re.sub(rf"\b{re.escape(symbol)}\b", symbol + ON_RANK, dim)
+
+
+def _copied(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
+def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
+    shape = shapes.input_info(node, 0).shape
+    if not shape:
+        return [UNKNOWN]
+    first = shape[0]
+    operation = node.attr("collective_operation", "")
+    if isinstance(operation, bytes):
+        operation = operation.decode()
+    if operation == REDUCE_SCATTER:
+        first = first + ON_RANK if isinstance(first, str) and is_name(first) else None
+    elif operation == ALL_GATHER:
+        local = isinstance(first, str) and first.endswith(ON_RANK)
+        first = first[: -len(ON_RANK)] if local else None  # type: ignore[index]
+    return [TensorInfo((first, *shape[1:]))]
+
+
+def _bounds(node: onnx.NodeProto, rank: int) -> tuple[int, int]:
+    """A Shape's ``start`` and ``end`` (opset 15), clamped as the operator clamps them."""
+    start, end = 0, rank
+    for attribute in node.attribute:
+        if attribute.name == "start":
+            start = attribute.i
+        elif attribute.name == "end":
+            end = attribute.i
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, end
+
+
+def _sorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """``nodes`` in a topological order: of the nodes whose inputs are ready, the first in
+    ``nodes`` goes first (the original order where it already is one)."""
+    made = {output: at for at, node in enumerate(nodes) for output in node.output if output}
+    waits = [0] * len(nodes)
+    followers: list[list[int]] = [[] for _ in nodes]
+    for at, node in enumerate(nodes):
+        for before in {made[name] for name in node.input if name in made}:
+            if before != at:
+                waits[at] += 1
+                followers[before].append(at)
+    ready = [at for at, count in enumerate(waits) if count == 0]
+    heapq.heapify(ready)
+    ordered: list[onnx.NodeProto] = []
+    while ready:
+        at = heapq.heappop(ready)
+        ordered.append(nodes[at])
+        for follower in followers[at]:
+            waits[follower] -= 1
+            if waits[follower] == 0:
+                heapq.heappush(ready, follower)
+    if len(ordered) < len(nodes):  # a cycle in a malformed graph: the rest as it was
+        placed = {id(node) for node in ordered}
+        ordered.extend(node for node in nodes if id(node) not in placed)
+    return ordered

@@ -1,0 +1,123 @@
+"""The plan gen writes by default on real exports: the hints, plus the extension where the
+Polygraphy format cannot say the better cut (issue 27, item 2).
+
+On every listed export whose only sequence-mixing ops are its attention layers, the default
+plan runs at least 95% of the projection and MLP FLOPs on slices (planning/'s count) and passes
+``verify --ranks 2`` and ``--ranks 4`` at batch 1 and 2. The hints file stays the one Polygraphy
+0.53.6 loads and shards; every extension gen writes is exact in the simulation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, run_cli
+
+from shardcheck import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.planning.plan import make_plan
+
+REAL = FIXTURES / "real"
+# The exports issue 27 names (Llama-GQA and GPT-2 from both exporters, StableLM, MPT) and the
+# others of fixtures/real/ whose cut the extension moves out of the layers.
+SPLIT_BY_DEFAULT = [
+    "ts_llama_tiny_gqa",
+    "dynamo_llama_tiny_gqa",
+    "ts_gpt2_tiny",
+    "dynamo_gpt2_tiny",
+    "dynamo_stablelm_tiny",
+    "dynamo_mpt_tiny",
+    "ts_falcon_tiny",
+    "ts_gptj_tiny",
+    "dynamo_distilbert_tiny",
+    "dynamo_pair_mask_encoder",
+]
+# Where the Polygraphy format already splits everything: gen writes no extension.
+PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny"]
+
+
+def default_plan(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
+    """gen's hints of ``name`` and the extension written beside them (None when none)."""
+    hints = tmp_path / f"{name}.json"
+    result = run_cli("gen", REAL / f"{name}.onnx", "-o", hints, "-q")
+    assert result.exit_code == 0, result.stderr
+    extension = tmp_path / f"{name}.shardcheck.json"
+    return hints, extension if extension.exists() else None
+
+
+@pytest.mark.parametrize("name", SPLIT_BY_DEFAULT)
+def test_the_default_plan_splits_the_projections_and_stays_exact(name: str, tmp_path: Path) -> None:
+    hints, extension = default_plan(name, tmp_path)
+    plan_file = extension or hints
+    plan = make_plan(load_index(REAL / f"{name}.onnx"), read_hints(plan_file))
+    assert plan.classes["projections"].share_on_slices >= 0.95
+    for ranks in (2, 4):
+        for batch in (1, 2):
+            result = run_cli(
+                "verify", REAL / f"{name}.onnx", plan_file, "--ranks", ranks,
+                "--dim", f"batch={batch}", "-q",
+            )  # fmt: skip
+            assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("name", PLAIN_SPLITS)
+def test_no_extension_where_the_hints_split_everything(name: str, tmp_path: Path) -> None:
+    _, extension = default_plan(name, tmp_path)
+    assert extension is None
+
+
+def test_the_hints_beside_an_extension_are_those_of_no_extension(tmp_path: Path) -> None:
+    model = REAL / "dynamo_llama_tiny_gqa.onnx"
+    hints, extension = default_plan("dynamo_llama_tiny_gqa", tmp_path)
+    assert extension is not None
+    alone = tmp_path / "alone.json"
+    assert run_cli("gen", model, "-o", alone, "--no-extension", "-q").exit_code == 0
+    assert hints.read_bytes() == alone.read_bytes()
+    assert not (tmp_path / "alone.shardcheck.json").exists()
+
+
+def test_polygraphy_loads_and_shards_the_hints_beside_an_extension(tmp_path: Path) -> None:
+    multi_device = pytest.importorskip("polygraphy.tools.multi_device")
+    tools = pytest.importorskip("polygraphy.tools")
+    model = REAL / "dynamo_llama_tiny_gqa.onnx"
+    hints, extension = default_plan("dynamo_llama_tiny_gqa", tmp_path)
+    assert extension is not None
+    loaded = multi_device.ShardHints.load(str(hints))
+    assert [t.name for t in loaded.inputs] == [
+        t["name"] for t in json.loads(hints.read_text())["inputs"]
+    ]
+    out = tmp_path / "polygraphy.onnx"
+    code = tools.main(["multi-device", "shard", str(model), "-s", str(hints), "-o", str(out)])
+    assert code in (0, None)
+    assert out.exists()
+
+
+def extensions_written(tmp_path: Path) -> list[tuple[str, Path]]:
+    written = []
+    for model in sorted(REAL.glob("*.onnx")):
+        _, extension = default_plan(model.stem, tmp_path)
+        if extension is not None:
+            written.append((model.stem, extension))
+    return written
+
+
+def test_every_extension_gen_writes_is_exact(tmp_path: Path) -> None:
+    # verify's simulation at 2 and 4 ranks, batch 1 and 2, on every real export gen writes one
+    # for (at the length it runs at, for those that run at their traced length only); the fp16
+    # exports within fp16's tolerances.
+    written = extensions_written(tmp_path)
+    assert {"dynamo_llama_tiny_gqa", "dynamo_gpt2_tiny", "dynamo_mpt_tiny"} <= {
+        name for name, _ in written
+    }
+    for name, extension in written:
+        for ranks in (2, 4):
+            for batch in (1, 2):
+                result = run_cli(
+                    "verify", REAL / f"{name}.onnx", extension, "--ranks", ranks,
+                    "--dim", f"batch={batch}", "-q",
+                    "--rtol", "1e-2" if "fp16" in name else "1e-4",
+                    "--atol", "1e-2" if "fp16" in name else "1e-5",
+                )  # fmt: skip
+                assert result.exit_code == 0, (name, ranks, batch, result.stdout)
