@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, axis_dim, sequence_dim
+from shardcheck.analysis.hidden import describe, hidden_attention, what_to_do
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import GraphIndex
@@ -41,6 +42,20 @@ def code_of(warning: str) -> str | None:
 def about_options(options: GenOptions) -> list[str]:
     """What gen says of the options themselves, in either mode."""
     return [*ignored_options(options), *shuffles_not_permutations(options)]
+
+
+def hidden_layers(index: GraphIndex) -> list[str]:
+    """A warning when attention sits where no hint can name it (a subgraph, a function)."""
+    hidden = hidden_attention(index.model)
+    if not hidden:
+        return []
+    return [
+        Warned(
+            "SC129",
+            f"{index.source}: attention that gen does not search, and that no hint can name, "
+            f"in {describe(hidden)}; the hints shard none of it. To shard it, {what_to_do(hidden)}",
+        )
+    ]
 
 
 def no_layers_polygraphy(index: GraphIndex, pattern: str) -> str:

@@ -52,6 +52,7 @@ CODES = {
     "SC126": "fused nb_rank unlike the ranks",
     "SC127": "Polygraphy's fused scale 1.0 is not the layer's",
     "SC128": "fused replacement drops the layer's mask",
+    "SC129": "attention in a subgraph or function",
     "SC201": "simulated CP differs from single device",
     "SC202": "simulated CP passed",
     "SC203": "CP simulation could not shard the model",

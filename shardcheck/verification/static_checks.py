@@ -7,6 +7,7 @@ from collections import deque
 
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import pattern1_layers
+from shardcheck.analysis.hidden import describe, hidden_attention, what_to_do
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.graph.index import GraphIndex
@@ -42,6 +43,18 @@ def check_static(
             "parallelism only; the other checks read these hints as CP hints",
             expected="CP",
             observed=hints.parallelism,
+        )
+    hidden = hidden_attention(index.model)
+    if hidden:
+        report.add(
+            "SC129",
+            ERROR,
+            "model",
+            f"attention that verify does not search, and that no hint can name, in "
+            f"{describe(hidden)}: these hints shard none of it, and nothing here checks it. "
+            f"To shard it, {what_to_do(hidden)}",
+            expected="attention in the main graph",
+            observed=counted(len(hidden), "place"),
         )
     if not hints.inputs:
         report.add(
