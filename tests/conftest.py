@@ -51,6 +51,23 @@ def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def one_model_manifest(directory: Path, model: Path, gen: str = "") -> Path:
+    """A manifest in ``directory`` gating a copy of ``model`` against ``golden/model.json``;
+    ``gen``: the entry's gen options, as TOML (``extension = false``)."""
+    import shutil
+
+    shutil.copy(model, directory / model.name)
+    manifest = directory / "shardcheck.toml"
+    manifest.write_text(
+        "[tool.shardcheck]\n"
+        'golden-dir = "golden"\n'
+        "[[tool.shardcheck.models]]\n"
+        f'path = "{model.name}"\n'
+        'golden = "golden/model.json"\n' + (f"gen = {{ {gen} }}\n" if gen else "")
+    )
+    return manifest
+
+
 def simulated_lengths(report: Any) -> list[tuple[int, bool]]:
     """The lengths a verify report simulated CP at, each with whether it matched."""
     return [(run["seq_len"], run["ok"]) for run in report.runs if run.get("simulation")]

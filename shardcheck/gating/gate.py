@@ -18,6 +18,11 @@ from typing import Any
 
 from shardcheck.errors import InputError, OutputError, ShardcheckError
 from shardcheck.fsio import atomic_write_text
+from shardcheck.gating.extension_golden import (
+    compare_extension,
+    extension_golden_path,
+    extension_lines,
+)
 from shardcheck.gating.golden_files import may_replace, not_a_regular_file, remove_stale
 from shardcheck.gating.manifest import Manifest, ModelEntry
 from shardcheck.generation.generate import generate
@@ -80,6 +85,8 @@ class ModelResult:
     # verify could not check them.
     held_back: bool = False
     plan: PlanComparison | None = None  # the plan against its sidecar (planning/golden.py)
+    # The extension gen writes beside the hints against its golden (extension_golden.py).
+    extension: GoldenComparison | None = None
 
     @property
     def status(self) -> str:
@@ -89,6 +96,8 @@ class ModelResult:
             return ERROR
         if not self.golden.ok:
             return self.golden.status
+        if self.extension is not None and not self.extension.ok:
+            return self.extension.status
         if self.plan is not None and not self.plan.ok:
             return DIFFERS  # the hints split the model less than the golden's
         if self.verify is not None and not self.verify.ok:
@@ -122,6 +131,7 @@ class ModelResult:
         model = f"{self.entry.model_path}: "
         details = [f"warning: {warning.removeprefix(model)}" for warning in self.warnings]
         details += [difference.line() for difference in self.golden.differences]
+        details += extension_lines(self.extension, update_flag)
         plan_line = None if self.plan is None else self.plan.line(update_flag)
         details += [plan_line] if plan_line else []
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
@@ -317,15 +327,28 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message, warnings=generated.warnings)
     held_back = held_back and golden.status != OK
+    # gen's default plan: the extension where it writes one, else the hints.
+    extended = None if generated.extension is None else generated.extension.hints
+    try:
+        extension = compare_extension(extended, entry.golden_path, update=update and not held_back)
+    except ShardcheckError as exc:
+        return ModelResult(entry, error=exc.message, warnings=generated.warnings)
     plan = compare_plan(
         index,
-        generated.hints,
+        extended or generated.hints,
         entry.golden_path,
         update=update and not held_back,
-        golden_written=golden.status in _WROTE,
+        golden_written=golden.status in _WROTE
+        or (extension is not None and extension.status in _WROTE),
     )
     return ModelResult(
-        entry, golden, warnings=generated.warnings, verify=outcome, held_back=held_back, plan=plan
+        entry,
+        golden,
+        warnings=generated.warnings,
+        verify=outcome,
+        held_back=held_back,
+        plan=plan,
+        extension=extension,
     )
 
 
@@ -385,6 +408,8 @@ def find_stale_goldens(manifest: Manifest) -> tuple[Path, ...]:
     if directory is None or not directory.is_dir():
         return ()
     claimed = {entry.golden_path.resolve() for entry in manifest.models}
+    # The extensions gen writes beside them are theirs (extension_golden.py).
+    claimed |= {extension_golden_path(entry.golden_path).resolve() for entry in manifest.models}
     return tuple(
         sorted(
             path
