@@ -76,10 +76,11 @@ import numpy as np
 import onnx
 
 try:
-    from benchmarks import build_models, check_jobs
+    from benchmarks import build_models, check_jobs, scale
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import build_models  # type: ignore[no-redef]
     import check_jobs  # type: ignore[no-redef]
+    import scale  # type: ignore[no-redef]
 
 BuiltModel = build_models.BuiltModel
 
@@ -1052,6 +1053,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--zoo", type=int, default=200, help="models for check --jobs 2 vs 1 (0: skip)"
     )
+    parser.add_argument(
+        "--scale-gb",
+        type=float,
+        default=2.1,
+        help="GiB of external weights for verify's peak memory, with the 100k-node depth "
+        "figures (scale.py; 0: skip)",
+    )
     parser.add_argument("--in-process", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -1060,6 +1068,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.linearity_pairs = 1
         args.no_big = True
         args.zoo = min(args.zoo, 20)
+        args.scale_gb = 0
     args.depths = args.depths or list(build_models.DEFAULT_DEPTHS)
     args.kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
     args.verify_kinds = {kind.strip() for kind in args.verify_kinds.split(",") if kind.strip()}
@@ -1120,6 +1129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.zoo:
         _log(f"check --verify --jobs 2 vs --jobs 1 on {args.zoo} models")
         text += f"\n## check --jobs\n\n{check_jobs.measure(args.zoo, pairs=1).line()}\n"
+    if args.scale_gb:
+        _log(f"scale: verify's peak memory on {args.scale_gb} GiB of external weights")
+        memory = scale.measure_memory(scale.DEFAULT_OUT, args.scale_gb, delete=True).line()
+        _log("scale: time per node at 161, 8040 and 100362 nodes")
+        depth = scale.measure_depth(scale.DEFAULT_OUT, rounds=args.repeats).lines()
+        text += "\n## Scale\n\n" + "\n".join(f"- {line}" for line in [memory, *depth]) + "\n"
     print(text)
     if not args.no_write:
         args.results.write_text(text)
