@@ -44,12 +44,13 @@ def test_every_layer_found_with_its_q_k_v_and_axes(name: str) -> None:
             assert layer.gathered_v == expected["probs_matmul"]["inputs"][1]
             assert layer.output == expected["probs_matmul"]["output"]
         # Where Q, K or V carry no sequence (a cross-attention's context, Perceiver's
-        # latents), the axis of the context's or the latents' length (measured too).
+        # latents, Funnel's pooled or DETR's object queries in a fixed-length model), the axis
+        # of the context's, the latents' or that own length (measured too).
         axes = [
             next(
                 (
                     expected.get(f"{role}_{kind}_axis")
-                    for kind in ("seq", "context", "latent")
+                    for kind in ("seq", "context", "latent", "own")
                     if expected.get(f"{role}_{kind}_axis") is not None
                 ),
                 None,
