@@ -158,7 +158,10 @@ def gen(
         if line and not quiet:
             click.echo(f"shardcheck: {one_line(line)}", err=True)
         if show_plan and not quiet and gen_options.compat != "polygraphy":
-            _echo_plan_summary(index, result.hints, gen_options.nb_rank)
+            # The plan gen writes: the extension's where it writes one.
+            written = result.extension if gen_options.extension else None
+            plan = result.hints if written is None else written.hints
+            _echo_plan_summary(index, plan, gen_options.nb_rank)
     keep_until_exit(parsed, index)
     return 0
 

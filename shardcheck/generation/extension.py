@@ -10,6 +10,7 @@ offers it when it counts more of their FLOPs on slices (planning/'s figure) than
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, sequence_dim
@@ -18,10 +19,9 @@ from shardcheck.errors import InputError, ShardcheckError
 from shardcheck.frontier.search import find_frontier
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
-from shardcheck.planning.plan import DEFAULT_RANKS, Plan, make_plan
-from shardcheck.planning.report import percent
-from shardcheck.sharding.lengths import length_readers, mixed_lengths
-from shardcheck.sharding.rewrite import shard_model
+
+if TYPE_CHECKING:
+    from shardcheck.planning.plan import Plan
 
 # Positions per rank of the length the plans are counted at when the default one is too long.
 FALLBACK_POSITIONS = 8
@@ -71,6 +71,12 @@ def extended_plan(
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
     if cut == hints:
         return None
+    # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
+    # (tests/graph/test_lean_reading.py).
+    from shardcheck.planning.plan import DEFAULT_RANKS
+    from shardcheck.sharding.lengths import length_readers, mixed_lengths
+    from shardcheck.sharding.rewrite import shard_model
+
     try:
         sharded = shard_model(index, cut, shapes=shapes, detected=layers)
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
@@ -93,6 +99,8 @@ def _shares(
 ) -> tuple[PlanShares, PlanShares]:
     """Both plans' shares at the default length, or at a short one (FALLBACK_POSITIONS per
     rank) where a model cannot be counted at the default (past its position table)."""
+    from shardcheck.planning.plan import make_plan
+
     try:
         return tuple(PlanShares.of(make_plan(index, hints, ranks=ranks)) for hints in plans)  # type: ignore[return-value]
     except InputError:
@@ -105,6 +113,8 @@ def _shares(
 def shares_line(extended: Extended, extension_file: str | None) -> str:
     """gen's line of the two plans: "Polygraphy-compatible hints: 0.0% of the projection and
     MLP FLOPs on slices; 'shardcheck shard' with the extension FILE: 100.0%"."""
+    from shardcheck.planning.report import percent
+
     where = f" {extension_file}" if extension_file else ""
     return (
         f"Polygraphy-compatible hints: {percent(extended.plain.projections)} of the projection "

@@ -9,14 +9,25 @@ length, which a Shape of a whole tensor does not give (the dynamo exporter sizes
 split by ``attention_mask.shape[1]``). So the Polygraphy-format frontier moves its cuts past
 both, deep into each layer.
 
-With the extension (``ShardHints.lengths``), ``shardcheck shard`` recomputes the shape inputs
-of the nodes it names: each length along the sequence that a Shape reads is taken instead from
-a scattered tensor of the hints, before its reduce-scatter (the whole length) or after it (a
-rank's). The nodes computing those inputs are copied, so that the nodes needing the other
-length keep the originals. ``length_readers`` finds the nodes to name: those that read a slice
-(and so run on one) but are given the whole length, and those that read none (they compute
-whole tensors) but are given a slice's. The attention layers' insides are left as they are:
-their keys are whole, their queries sliced.
+With the extension (``ShardHints.lengths``), ``shardcheck shard`` gives them their lengths,
+taken from a scattered tensor of the hints: its Shape before the reduce-scatter is the whole
+length, after it a rank's.
+
+- What the hints scatter is computed whole: every length it is computed from is the whole one
+  (the positions of TorchScript's rotary tables, read off a slice's Shape).
+- ``whole_length``: the Gathers that index data every rank holds whole by positions computed
+  from lengths (a padding mask gathered at the keys' positions) compute with the whole length.
+  Their length computations are copied, so that the nodes that need the other length keep the
+  originals; what no node reads any more goes.
+- ``rank_length``: the Reshapes and Expands of slices whose target holds the whole length on
+  the slice's axis (as the shapes on a rank show) get that entry times a rank's length over the
+  whole one.
+
+``length_readers`` finds the nodes to name; the attention layers' insides are left as they are
+(their keys are whole, their queries sliced), and so are the other nodes, which the shard sizes
+consistently with the slices (HF's BERT expands its padding mask over the queries by a slice's
+length). ``mixed_lengths`` is gen's last check: an elementwise node broadcasting a whole length
+against a rank's could not run on a rank.
 """
 
 from __future__ import annotations
