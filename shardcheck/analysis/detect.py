@@ -117,18 +117,19 @@ def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[
     """``layers``, with what carries no sequence marked. K and V carry a context
     (``kv_context``) on a symbolic key dim that is no layer's symbolic query dim and holds none
     of their symbols (the sequence is what the queries run along; DiT's text context of length
-    T only feeds K and V). In a model whose sequence is symbolic, a fixed number of queries is
-    a learned latent array (``latents``, Perceiver's), and K and V of a fixed length beside
-    them are the latents too; in a model of fixed length (ViT's patches) a fixed size says
-    nothing."""
+    T only feeds K and V), or on a fixed key dim beside symbolic queries when K and V are
+    computed from no input that holds a query dim. In a model whose sequence is symbolic, a
+    fixed number of queries is a learned latent array (``latents``, Perceiver's), and K and V
+    of a fixed length beside them are the latents too; in a model of fixed length (ViT's
+    patches) a fixed size says nothing."""
     dims = [tuple(axis_dim(shapes, t, a) for t, a in _qkv_axes(layer)) for layer in layers]
     query_dims = {q for q, _, _ in dims if isinstance(q, str)}
     symbolic = bool(query_dims) or any(isinstance(k, str) for _, k, _ in dims)
     symbols = {word for dim in query_dims for word in re.findall(r"\w+", dim)}
+    from_sequence: set[str] | None = None  # what the inputs holding a query dim reach
     marked = []
     for layer, (query, key, value) in zip(layers, dims, strict=True):
         latents = query if isinstance(query, int) and symbolic else None
-        # A fixed key length beside symbolic queries is a length traced into a Reshape.
         context = key == value and (
             (isinstance(key, int) and latents is not None)
             or (
@@ -137,10 +138,31 @@ def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[
                 and symbols.isdisjoint(re.findall(r"\w+", key))
             )
         )
+        if key == value and isinstance(key, int) and isinstance(query, str):
+            # A fixed key length beside symbolic queries: a length traced into a Reshape, or
+            # a context of fixed length (a text encoder's 77 tokens), told apart by what K
+            # and V are computed from: none of the inputs that hold a query dim.
+            if from_sequence is None:
+                from_sequence = _from_inputs_holding(shapes.index, symbols)
+            context = not {layer.gathered_k, layer.gathered_v} & from_sequence
         if context or latents is not None:
             layer = replace(layer, kv_context=key if context else None, latents=latents)
         marked.append(layer)
     return marked
+
+
+def _from_inputs_holding(index: GraphIndex, symbols: set[str]) -> set[str]:
+    """The tensors computed (through data, not shapes) from graph inputs whose declared shape
+    holds one of ``symbols``."""
+    holding = [
+        name
+        for name in index.graph_inputs
+        if any(
+            isinstance(dim, str) and not symbols.isdisjoint(re.findall(r"\w+", dim))
+            for dim in index.declared_shape(name) or ()
+        )
+    ]
+    return index.computed_from(holding, through_shapes=False)
 
 
 def _qkv_axes(layer: AttentionLayer) -> tuple[tuple[str, int | None], ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
 from conftest import FIXTURES, run_cli
 
@@ -20,6 +21,8 @@ from shardcheck.hints.files import read_hints
 REAL = FIXTURES / "real"
 TRUTH = json.loads((REAL / "TRUTH.json").read_text())
 MODELS = ["ts_cross_attention_dit", "dynamo_cross_attention_dit"]
+# The context's length at export (the PyTorch model's CONTEXT_LEN): where K and V carry it.
+TRUTH_CONTEXT_LEN = 6
 
 
 def _gen(tmp_path: Path, name: str, *options: str) -> Path:
@@ -101,3 +104,21 @@ def test_scattering_the_contexts_k_and_v_is_refused_as_no_sequence_axis(tmp_path
     assert not report.ok
     no_axis = [f for f in report.findings if f.code == "SC117"]
     assert [f.tensor for f in no_axis] == [cross[0]["v_tensor"]]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_context_of_fixed_length_stays_whole_too(name: str, tmp_path: Path) -> None:
+    # The export with the context's length fixed (a text encoder's 77 tokens, say): its K and
+    # V have a fixed key dim beside symbolic queries, as a traced length has, but they are
+    # computed from the context alone.
+    model = onnx.load(REAL / f"{name}.onnx")
+    context = next(i for i in model.graph.input if i.name == "context")
+    context.type.tensor_type.shape.dim[1].dim_value = TRUTH_CONTEXT_LEN
+    path = tmp_path / "fixed_context.onnx"
+    onnx.save(model, path)
+    out = tmp_path / "h.json"
+    assert run_cli("gen", path, "-o", out, "--no-extension").exit_code == 0
+    hints = read_hints(out)
+    assert {h.q for h in hints.attention_layers if not h.gather_kv} == set(_cross_queries(name))
+    report = verify(path, out, seq_lens=(8, 16), ranks=4)
+    assert report.ok, report.render_text()
