@@ -31,14 +31,20 @@ def warn_no_exact_cut(
     cut_lengths: list[tuple[int, int]],
     seq: Dim | None,
     warnings: list[str],
+    *,
+    lengths_given: bool = False,
 ) -> None:
     """Appends to ``warnings`` each place the final ``region`` and ``gathered`` leave without an
     exact cut. ``cut_lengths``: the cuts whose length a cut is computed from, with the Shape's
-    output (ids), as the last round's must_be_whole found them."""
+    output (ids), as the last round's must_be_whole found them. ``lengths_given``: the
+    extension's frontier, whose shard computes what it scatters with the whole length
+    (sharding/lengths.py): no cut reads a slice's length."""
     tensors = set(region.tensors)
     _warn_cuts_from_slices(index, layers, region.cut, gathered, warnings)
     _warn_layer_insides(index, shapes, layers, sources, tensors, region.cut, seq, warnings)
     _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
+    if lengths_given:
+        return
     lengths = [*cut_lengths, *_lengths_of_slices(index, layers, sources, region, gathered)]
     _warn_cut_lengths(index, shapes, layers, sources.ids, region, lengths, seq, warnings)
 

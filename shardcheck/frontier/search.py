@@ -146,7 +146,17 @@ def find_frontier(
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
     result.outputs = in_graph_order(order, shapes, gathered)
     warn_no_exact_cut(
-        index, shapes, mapper, layers, sources, walked, gathered, cut_lengths, seq, result.warnings
+        index,
+        shapes,
+        mapper,
+        layers,
+        sources,
+        walked,
+        gathered,
+        cut_lengths,
+        seq,
+        result.warnings,
+        lengths_given=lengths_by_reader,
     )
     return result
 

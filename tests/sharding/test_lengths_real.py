@@ -33,6 +33,7 @@ SPLIT_BY_DEFAULT = [
     "ts_gptj_tiny",
     "dynamo_distilbert_tiny",
     "dynamo_pair_mask_encoder",
+    "ts_sdpa_causal",
 ]
 # Where the Polygraphy format already splits everything: gen writes no extension.
 PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny"]
