@@ -24,7 +24,6 @@ from shardcheck.cli.exit_codes import exit_codes_epilog
 from shardcheck.cli.json_output import echo_error_json, errors_as_json, wants_json
 from shardcheck.cli.stops import Stopped, clean_up_on_signals, stopped_by
 from shardcheck.errors import ShardcheckError
-from shardcheck.lifetime import free_at_exit
 from shardcheck.runtime.supervised import end_process_when_overdue
 from shardcheck.wording import one_line, shown
 
@@ -206,11 +205,9 @@ def main() -> None:
     "terminate called without an active exception"), whose exit code would replace the
     verdict's. Everything it writes is flushed or closed first.
 
-    That exit frees what the command made, too (lifetime.py), and the cyclic collector is off
-    for the process: it would only walk what lives until then (the index gen keeps for the
-    end, say)."""
+    The cyclic collector is off for the process: nothing the commands make forms a cycle, and
+    its collections would only walk, again and again, what lives until the command ends."""
     gc.disable()
-    free_at_exit()
     clean_up_on_signals()
     end_process_when_overdue(_end_overdue)
     code = cli.main(standalone_mode=False)

@@ -22,7 +22,6 @@ from shardcheck.gating.gate import (
 )
 from shardcheck.gating.manifest import Manifest, find_manifest, load_manifest
 from shardcheck.gating.slices import merge_reports, parse_shard
-from shardcheck.lifetime import free_when_done
 from shardcheck.verification.findings import CODES
 from shardcheck.wording import one_line
 
@@ -88,7 +87,6 @@ def check(
     Exit 0 if all match, 1 if any model differs, has no golden, fails (or, strict, has
     warnings) or a golden is stale, 2 if the manifest cannot be used.
     """
-    free_when_done()  # many models, one after the other
     # Paths are checked here, not by click.Path: one with a NUL byte would fail inside it.
     for option, path in (
         ("--manifest", manifest),

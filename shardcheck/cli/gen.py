@@ -23,7 +23,6 @@ from shardcheck.graph.loader import index_parsed, parse_model
 from shardcheck.hints.codec import encode
 from shardcheck.hints.files import write_hints
 from shardcheck.hints.model import REDUCE_OPS, ShardHints
-from shardcheck.lifetime import keep_until_exit
 from shardcheck.verification.findings import CODES
 from shardcheck.wording import one_line
 
@@ -162,7 +161,6 @@ def gen(
             written = result.extension if gen_options.extension else None
             plan = result.hints if written is None else written.hints
             _echo_plan_summary(index, plan, gen_options.nb_rank)
-    keep_until_exit(parsed, index)
     return 0
 
 

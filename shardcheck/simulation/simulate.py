@@ -29,7 +29,6 @@ from shardcheck.graph.loader import check_weight_files, index_parsed, parse_mode
 from shardcheck.hints.codec import validated
 from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints, ShardTensor
-from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.feeds import make_feeds
 from shardcheck.runtime.memory import refuse_oversized_run, refuse_oversized_weights
@@ -135,7 +134,6 @@ def simulate(
         simulation.settle()
         raise
     result = simulation.run(seq_len, dims=dims, rtol=rtol, atol=atol, seed=seed)
-    keep_until_exit(simulation)  # its sessions: freed by the console command's exit
     return result
 
 

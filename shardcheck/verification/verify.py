@@ -32,7 +32,6 @@ from shardcheck.graph.loader import index_parsed, parse_model
 from shardcheck.hints.codec import validated
 from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints
-from shardcheck.lifetime import keep_until_exit
 from shardcheck.runtime.memory import refuse_oversized_weights
 from shardcheck.runtime.settings import (
     refuse_bad_own_lengths,
@@ -219,7 +218,6 @@ def verify(
                     simulation, settings, lengths, choose, runtime, report, progress
                 )
         runtime.check_baked(matched, ranks)
-        keep_until_exit(pending, simulation, runtime, shapes, index, parsed)
     except Exception:
         # No onnxruntime work is left running behind an error: a process that ends while a
         # session is being made crashes.

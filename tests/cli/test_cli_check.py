@@ -531,20 +531,3 @@ def test_verify_failure_is_a_failed_model_with_the_report(tmp_path: Path) -> Non
         f"    {line}" if line else "" for line in report.render_text().splitlines()
     ]
     assert result.stderr == ""
-
-
-def test_check_frees_each_models_verify_when_it_is_done(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The console command's exit frees what a one-model command made (lifetime.py); check
-    verifies model after model, whose sessions would add up until the exit."""
-    from shardcheck import lifetime
-
-    manifest = make_project(tmp_path, ("attention_head", "attention"))
-    manifest.write_text(manifest.read_text().replace('.json"\n', '.json"\nverify = true\n'))
-    monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
-    result = run_cli("check", "--manifest", manifest, "--verify", "--format", "json")
-    assert result.exit_code == 0, result.stdout
-    verified = [m["verify"] for m in json.loads(result.stdout)["models"]]
-    assert [v["ok"] for v in verified] == [True, True], verified
-    assert lifetime.kept() is None

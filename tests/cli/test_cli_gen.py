@@ -321,23 +321,6 @@ def test_the_console_command_runs_without_the_cyclic_collector(tmp_path: Path) -
     assert read_json(tmp_path / "hints.json") == read_json(golden)
 
 
-def test_gen_hands_the_model_it_read_to_the_console_commands_exit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Freed one object at a time, a large model's index takes tens of milliseconds; the
-    console command's exit frees it with the process instead (lifetime.py)."""
-    from shardcheck import lifetime
-    from shardcheck.graph.index import GraphIndex
-
-    out = tmp_path / "hints.json"
-    assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
-    assert lifetime.kept() is None  # nothing is kept unless the console command asked
-    monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
-    assert run_cli("gen", FIXTURES / "attention_head.onnx", "-o", out).exit_code == 0
-    assert [type(o) for o in lifetime.kept() if isinstance(o, GraphIndex)] == [GraphIndex]
-    assert read_json(out) == read_json(GOLDEN / "attention_head.json")
-
-
 def test_a_k_or_v_index_unlike_the_layers_is_written_and_warned_of(tmp_path: Path) -> None:
     # BERT's gathered K, [batch, heads, head, keys], carries the keys on axis 3, V on axis 2.
     model = FIXTURES / "real" / "ts_bert_tiny.onnx"

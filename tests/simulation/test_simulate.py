@@ -8,7 +8,6 @@ from ``shardcheck gen`` where that is the point of the test.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from functools import cache
 from pathlib import Path
@@ -26,7 +25,7 @@ from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.hints.codec import dumps
 from shardcheck.hints.model import AttentionLayerHint, DistCollective, ShardHints, ShardTensor
-from shardcheck.runtime.background import HANDOFF_INTERVAL, InBackground
+from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.feeds import make_feeds
 from shardcheck.runtime.sessions import run_model
 from shardcheck.runtime.sizes import resolve_dims
@@ -511,41 +510,6 @@ def test_a_background_call_hands_its_value_or_its_exception_to_the_caller() -> N
         failing.result()
 
 
-def test_the_switch_interval_is_lowered_while_background_calls_run_and_restored_after() -> None:
-    found = sys.getswitchinterval()
-    assert found > HANDOFF_INTERVAL  # the interpreter's default, 5 ms
-    first_release, second_release = threading.Event(), threading.Event()
-
-    def interval_when(released: threading.Event) -> float:
-        assert released.wait(10.0)
-        return sys.getswitchinterval()
-
-    first = InBackground("t", interval_when, first_release)
-    second = InBackground("t", interval_when, second_release)
-    assert sys.getswitchinterval() == pytest.approx(HANDOFF_INTERVAL)
-    first_release.set()
-    assert first.result() == pytest.approx(HANDOFF_INTERVAL)
-    # The other call still runs: the interval stays low until it ends.
-    assert sys.getswitchinterval() == pytest.approx(HANDOFF_INTERVAL)
-    second_release.set()
-    assert second.result() == pytest.approx(HANDOFF_INTERVAL)
-    assert sys.getswitchinterval() == found
-
-
-def test_an_interval_changed_while_a_background_call_runs_is_left_as_set() -> None:
-    found = sys.getswitchinterval()
-    release = threading.Event()
-    call = InBackground("t", release.wait, 10.0)
-    try:
-        sys.setswitchinterval(0.001)  # the program's own choice, made meanwhile
-        release.set()
-        call.result()
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-    finally:
-        release.set()
-        sys.setswitchinterval(found)
-
-
 def _stages(simulator: RankSimulator) -> list[Any]:
     return [step for step in simulator.steps if hasattr(step, "sessions")]
 
@@ -843,17 +807,3 @@ def test_a_length_the_inputs_fix_is_said_to_make_seq_len_ineffective() -> None:
         "; the inputs fix the sequence length, so seq_len 8 had no effect."
     )
     assert not simulate(REAL / "ts_sdpa.onnx", sdpa_hints(), ranks=1, seq_len=8).length_fixed
-
-
-def test_simulate_hands_its_sessions_to_the_console_commands_exit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Destroying a simulation's sessions one at a time is slow for a large model; the console
-    command's exit frees them with the process instead (lifetime.py)."""
-    from shardcheck import lifetime
-
-    monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
-    hints = GOLDEN / "attention_head.json"
-    result = simulate(FIXTURES / "attention_head.onnx", hints, ranks=2, seq_len=8)
-    assert result.ok
-    assert [type(o) for o in lifetime.kept()] == [Simulation]

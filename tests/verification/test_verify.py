@@ -977,20 +977,6 @@ def test_the_checkers_verdict_comes_before_what_the_analysis_refuses(tmp_path: P
         )
 
 
-def test_verify_hands_its_session_to_the_console_commands_exit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Destroying the onnxruntime sessions of a verify of a large model takes a while; the
-    console command's exit frees them with the process instead (lifetime.py)."""
-    from shardcheck import lifetime
-    from shardcheck.verification.session import PendingSession
-
-    monkeypatch.setattr(lifetime, "_kept", [])  # what cli.main's free_at_exit does
-    report = verify(FIXTURES / "attention_head.onnx", GOLDEN / "attention_head.json", ranks=2)
-    assert report.ok
-    assert [type(o) for o in lifetime.kept() if isinstance(o, PendingSession)] == [PendingSession]
-
-
 def test_hints_that_scatter_nothing_are_warned_of() -> None:
     # gen finds no attention in the MLP and writes hints without a tensor to scatter: they
     # pass, but every rank would compute the whole model.
