@@ -170,6 +170,15 @@ def _gather_elements(shapes: ShapeInference, node: Node) -> list[TensorInfo]:
     return [TensorInfo(shapes.input_info(node, 1).shape)]
 
 
+def _gather_nd(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
+    """ONNX's GatherND: the indices' shape but its last dim, then the data's dims past the
+    batch dims and the indexed ones (the dynamo exporter gathers its padding mask so)."""
+    data, indices = shapes.input_info(node, 0).shape, shapes.input_info(node, 1).shape
+    if data is None or not indices or not isinstance(indices[-1], int):
+        return None
+    return [TensorInfo((*indices[:-1], *data[node.attr("batch_dims", 0) + indices[-1] :]))]
+
+
 def _rank_only(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
     """Unknown dims of a known rank, where the op fixes the rank by itself (its first input's
     shape is unknown): a shape is a vector, a size a scalar, a Reshape has as many axes as its
@@ -486,6 +495,7 @@ _ANY_INPUT_RULES: dict[str, Callable[[ShapeInference, Node], list[TensorInfo] | 
     "Range": _range,
     "ConstantOfShape": _constant_of_shape,
     "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
     "Einsum": _einsum,
 }
 _KNOWN_INPUT_RULES: dict[

@@ -164,13 +164,15 @@ def test_explain_with_hints_file_matches_the_default(tmp_path) -> None:  # type:
     model = REAL / "ts_sdpa_causal.onnx"
     hints = tmp_path / "hints.json"
     assert run_cli("gen", model, "-o", hints).exit_code == 0
-    given = run_cli("explain", model, hints, "--seq-len", S, "--format", "json")
+    # gen's default plan for this block is the extension it writes beside the hints.
+    extension = tmp_path / "hints.shardcheck.json"
+    given = run_cli("explain", model, extension, "--seq-len", S, "--format", "json")
     default = run_cli("explain", model, "--seq-len", S, "--format", "json")
     assert given.exit_code == default.exit_code == 0
     given_plan, default_plan = json.loads(given.stdout)["plan"], json.loads(default.stdout)["plan"]
     assert (given_plan.pop("hints"), default_plan.pop("hints")) == (
-        str(hints),
-        f"gen's default hints of {model}",
+        f"{extension} (shardcheck's extension)",
+        f"gen's default hints of {model}, with the extension gen writes beside them",
     )
     assert given_plan == default_plan
 

@@ -27,6 +27,7 @@ SPLIT_BY_DEFAULT = [
     "dynamo_llama_tiny_gqa",
     "ts_gpt2_tiny",
     "dynamo_gpt2_tiny",
+    "dynamo_gpt2_causal_ids",
     "dynamo_stablelm_tiny",
     "dynamo_mpt_tiny",
     "ts_falcon_tiny",
