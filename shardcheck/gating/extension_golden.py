@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardcheck.errors import ShardcheckError
 from shardcheck.fsio import atomic_write_text
@@ -89,3 +89,15 @@ def extension_lines(comparison: GoldenComparison | None, update_flag: str) -> li
     lines = [f"{where}: {comparison.status}{problem}"]
     lines += [f"extension: {difference.line()}" for difference in comparison.differences]
     return lines
+
+
+def extension_json(comparison: GoldenComparison | None) -> dict[str, Any] | None:
+    """The extension's golden in check's JSON report (null where there is neither)."""
+    if comparison is None:
+        return None
+    return {
+        "status": comparison.status,
+        "path": str(comparison.golden_path),
+        "problem": comparison.problem,
+        "differences": [difference.as_json() for difference in comparison.differences],
+    }

@@ -21,6 +21,7 @@ from shardcheck.fsio import atomic_write_text
 from shardcheck.gating.extension_golden import (
     compare_extension,
     extension_golden_path,
+    extension_json,
     extension_lines,
 )
 from shardcheck.gating.golden_files import may_replace, not_a_regular_file, remove_stale
@@ -163,6 +164,7 @@ class ModelResult:
             "warnings": list(self.warnings),
             "held_back": self.held_back,
             "plan": None if self.plan is None else self.plan.to_json(),
+            "extension": extension_json(self.extension),
             "verify": None
             if self.verify is None
             else {"ok": self.verify.ok, "error": self.verify.error, "report": self.verify.report},

@@ -58,6 +58,20 @@ def test_an_extension_that_differs_fails_naming_the_difference(tmp_path: Path) -
     assert differs.exit_code == 1
     assert differs.stdout.startswith("DIFFERS")
     assert f'extension: lengths[node={dropped}]: added "rank"' in differs.stdout
+    report = json.loads(run_cli("check", "--manifest", manifest, "--format", "json").stdout)
+    assert report["models"][0]["extension"] == {
+        "status": "differs",
+        "path": str(extension),
+        "problem": None,
+        "differences": [
+            {
+                "kind": "added",
+                "path": f"lengths[node={dropped}]",
+                "golden": None,
+                "candidate": "rank",
+            }
+        ],
+    }
 
 
 def test_losing_the_extension_fails_on_the_golden_and_on_the_plan(tmp_path: Path) -> None:

@@ -278,6 +278,7 @@ def test_json_report(tmp_path: Path) -> None:
         "warnings": [],
         "held_back": False,
         "plan": document["models"][1]["plan"],  # tests/planning/test_plan_golden.py
+        "extension": None,  # tests/gating/test_extension_golden.py
         "verify": None,
     }
     assert document["models"][1]["plan"]["status"] == "unrecorded"
