@@ -127,6 +127,7 @@ def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[
     symbolic = bool(query_dims) or any(isinstance(k, str) for _, k, _ in dims)
     symbols = {word for dim in query_dims for word in re.findall(r"\w+", dim)}
     from_sequence: set[str] | None = None  # what the inputs holding a query dim reach
+    latent_counts = {q for q, _, _ in dims if isinstance(q, int)} if symbolic else set()
     marked = []
     for layer, (query, key, value) in zip(layers, dims, strict=True):
         latents = query if isinstance(query, int) and symbolic else None
@@ -139,12 +140,15 @@ def with_contexts(shapes: ShapeInference, layers: list[AttentionLayer]) -> list[
             )
         )
         if key == value and isinstance(key, int) and isinstance(query, str):
-            # A fixed key length beside symbolic queries: a length traced into a Reshape, or
-            # a context of fixed length (a text encoder's 77 tokens), told apart by what K
-            # and V are computed from: none of the inputs that hold a query dim.
+            # A fixed key length beside symbolic queries: the latents (Perceiver IO's decoder
+            # queries them from the input's positions), a length traced into a Reshape, or a
+            # context of fixed length (a text encoder's 77 tokens), the last two told apart by
+            # what K and V are computed from: none of the inputs that hold a query dim.
             if from_sequence is None:
                 from_sequence = _from_inputs_holding(shapes.index, symbols)
-            context = not {layer.gathered_k, layer.gathered_v} & from_sequence
+            context = key in latent_counts or not {layer.gathered_k, layer.gathered_v} & (
+                from_sequence
+            )
         if context or latents is not None:
             layer = replace(layer, kv_context=key if context else None, latents=latents)
         marked.append(layer)

@@ -77,3 +77,26 @@ def test_sc121_still_refuses_the_cross_layer_without_its_gather(tmp_path: Path) 
     report = verify(REAL / f"{name}.onnx", path, seq_lens=(8, 16), ranks=2)
     assert not report.ok
     assert [f.tensor for f in report.findings if f.code == "SC121"] == [cross]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("name", ["ts_perceiver_io", "dynamo_perceiver_io"])
+def test_perceiver_io_scatters_x_and_its_decoder_queries_the_whole_latents(
+    name: str, ranks: int, tmp_path: Path
+) -> None:
+    # The decoder's queries are x's positions (TRUTH.json: a sequence axis on its Q), its K
+    # and V the latents' (the latents' length on their axis): a slice of queries each rank.
+    path, stderr = _gen(tmp_path, name)
+    assert "SC120" not in stderr
+    nodes = TRUTH[name]["attention_nodes"]
+    decoder = [n["q_tensor"] for n in nodes if n["q_seq_axis"] is not None]
+    gathering = [n["q_tensor"] for n in nodes if n["k_seq_axis"] is not None]
+    assert len(decoder) == len(gathering) == 1
+    hints = read_hints(path)
+    assert {h.q for h in hints.attention_layers if h.gather_kv} == set(gathering)
+    assert [(t.name, t.seq_len_idx) for t in hints.inputs] == [("x", 1)]
+    assert [(t.name, t.seq_len_idx) for t in hints.outputs] == [("y", 1)]
+    report = verify(REAL / f"{name}.onnx", path, seq_lens=(8, 16), ranks=ranks)
+    assert report.ok, report.render_text()
+    result = simulate(REAL / f"{name}.onnx", path, ranks=ranks, seq_len=16, dims={"batch": 2})
+    assert result.ok, result.summary()
