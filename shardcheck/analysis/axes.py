@@ -91,6 +91,14 @@ class AxisMapper:
             return [(node.inputs[0], 0)]
         if op == "Gather":
             return self._gather(node, out_axis)
+        if op == "GatherND":
+            return self._gather_nd(node, out_axis)
+        if op == "TopK":
+            # Values and indices alike: each row of the axis it selects along is its own
+            # (a mixture of experts picks each token's experts among its own scores).
+            if node.attr("axis", -1) % out_rank == out_axis:
+                return None
+            return [(node.inputs[0], out_axis)]
         if op == "Reshape":
             return self._reshape(node, out_axis)
         if op in ("Unsqueeze", "Squeeze"):
@@ -200,6 +208,15 @@ class AxisMapper:
         if out_axis < axis + index_rank:
             return [(node.inputs[1], out_axis - axis)]
         return [(node.inputs[0], out_axis - index_rank + 1)]
+
+    def _gather_nd(self, node: Node, out_axis: int) -> AxisList | None:
+        # Without batch dims, the output's leading axes are the indices' but their last: each
+        # row of indices picks its own slice of the data (a weight every rank holds whole, as
+        # the dynamo exporter's batched experts gather each token's experts' weights).
+        index_rank = self.shapes.rank(node.inputs[1])
+        if node.attr("batch_dims", 0) or index_rank is None or out_axis >= index_rank - 1:
+            return None
+        return [(node.inputs[1], out_axis)]
 
     def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
         source = self.shapes.shape(node.inputs[0])
