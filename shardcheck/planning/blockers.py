@@ -13,8 +13,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from shardcheck.analysis.axes import carries
 from shardcheck.frontier.search import data_derived
-from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
 from shardcheck.graph.ops import SHAPE_OPS
 
 MAX_WALK = 20000  # tensors walked back (a bound: the walk is linear in them)
@@ -35,12 +36,15 @@ def find_blockers(
     whole_projections: Iterable[Node],
     sliced: Callable[[str], bool],
     scattered: Iterable[str] = (),
+    shape_of: Callable[[str], Shape | None] | None = None,
+    seq: Dim = None,
 ) -> list[Blocker]:
     """The reasons for the projections run whole: each tensor on the way back from them and
     from the tensors scattered after them (``scattered``) whose length sizes positions or a
     mask (else the earliest whose length sizes another shape), the first of each kind in graph
     order. One walk back from all of them, each tensor visited once; none without a
-    projection run whole."""
+    projection run whole. With ``shape_of`` and the sequence dim ``seq``, a read of no axis
+    of the sequence (``attention_mask.shape[0]``, the batch) blocks nothing and is not named."""
     derived = data_derived(index)
     starts = [
         name for node in whole_projections for name in node.inputs if name and name in derived
@@ -56,7 +60,9 @@ def find_blockers(
             continue
         for reader in index.consumers_of(tensor):
             if reader.op_type in SHAPE_OPS:
-                found.append((reader.index, _blocker(index, tensor, reader, derived)))
+                length, axis = _length_read(index, tensor, reader, shape_of, seq)
+                if length:
+                    found.append((reader.index, _blocker(index, tensor, reader, derived, axis)))
         producer = index.producer_of(tensor)
         if producer is None or producer.op_type in SHAPE_OPS:
             continue
@@ -73,8 +79,9 @@ def find_blockers(
     return telling if telling else list(first.values())[:1]
 
 
-def _blocker(index: GraphIndex, tensor: str, reader: Node, derived: set[str]) -> Blocker:
-    axis = _axis_read(index, reader)
+def _blocker(
+    index: GraphIndex, tensor: str, reader: Node, derived: set[str], axis: int | None
+) -> Blocker:
     read = f"{tensor}.shape" + ("" if axis is None else f"[{axis}]")
     sized = _what_it_sizes(index, reader, derived)
     if sized == "positions":
@@ -99,6 +106,29 @@ def _blocker(index: GraphIndex, tensor: str, reader: Node, derived: set[str]) ->
     )
 
 
+def _length_read(
+    index: GraphIndex,
+    tensor: str,
+    reader: Node,
+    shape_of: Callable[[str], Shape | None] | None,
+    seq: Dim,
+) -> tuple[bool, int | None]:
+    """Whether ``reader`` may read a length of ``tensor``, and the axis it reads (None where
+    it cannot tell which). Not where the axes it reads are known and none is the sequence: the
+    batch of a mask, read to size the positions' batch, blocks no split."""
+    axis = _axis_read(index, reader)
+    start, end = reader.attr("start"), reader.attr("end")
+    shape = shape_of(tensor) if shape_of is not None and seq is not None else None
+    if not shape:
+        return True, axis if axis is not None or start is None else int(start)
+    lengths = [a for a, dim in enumerate(shape) if carries(dim, seq)]
+    if axis is not None:
+        return axis % len(shape) in lengths, axis
+    read = range(len(shape))[slice(start, end)]
+    within = [a for a in lengths if a in read]
+    return bool(within), within[0] if len(within) == 1 else None
+
+
 def _axis_read(index: GraphIndex, reader: Node) -> int | None:
     start = reader.attr("start")
     if start is not None and reader.attr("end") == start + 1:
@@ -108,7 +138,7 @@ def _axis_read(index: GraphIndex, reader: Node) -> int | None:
             value = index.constant_value(consumer.inputs[1])
             if value is not None and value.size == 1:
                 return int(value.reshape(-1)[0])
-    return None if start is None else int(start)
+    return None
 
 
 def _what_it_sizes(index: GraphIndex, reader: Node, derived: set[str]) -> str:

@@ -164,7 +164,10 @@ def make_plan(
     ]
     sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
     scattered = [c.tensor for c in moved if c.role == "scatter"]
-    blockers = find_blockers(index, whole_projections, sliced_tensors.__contains__, scattered)
+    seq = sequence_dim(shapes, layers) if layers else None
+    blockers = find_blockers(
+        index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, seq
+    )
     return Plan(
         model=index.source,
         hints=hints_source,

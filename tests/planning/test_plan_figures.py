@@ -131,9 +131,20 @@ def test_four_ranks_divide_the_slices_by_four() -> None:
 def test_a_cut_inside_the_layers_names_what_blocks_it() -> None:
     plan = _plan(REAL / "dynamo_llama_tiny_gqa.onnx")
     assert plan.classes["projections"].share_on_slices == 0.0
-    # The rotary positions are sized by the padding mask's length, read before any cut.
-    assert plan.blockers[0].what == "positions are computed from attention_mask.shape[0]"
+    # The rotary positions are sized by the padding mask's length, read before any cut
+    # (node_Shape_2: Shape(attention_mask, start=1, end=2)); its batch, read by node_Shape_1
+    # too, is no length and blocks nothing.
+    assert plan.blockers[0].what == "positions are computed from attention_mask.shape[1]"
+    assert plan.blockers[0].node == "node_Shape_2"
     assert plan.blockers[0].fix == "export with position_ids as a graph input"
+
+
+def test_a_read_of_the_batch_is_named_as_no_blocker() -> None:
+    """dynamo DeiT reads pixel_values.shape[0], its batch, to size its mask's batch: that
+    read keeps no work whole (its tokens are fixed by the image size), so it is not named."""
+    plan = _plan(REAL / "dynamo_deit_tiny.onnx", seq_len=None)
+    assert plan.classes["projections"].share_on_slices < 1.0
+    assert all("pixel_values" not in blocker.what for blocker in plan.blockers)
 
 
 def test_a_causal_mask_sized_by_q_is_named() -> None:

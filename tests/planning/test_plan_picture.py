@@ -79,7 +79,7 @@ def test_the_page_is_self_contained(tmp_path: Path) -> None:
     # What the picture shows: the layers, the gathers, the figures and the blocker.
     assert "K/V all-gathered" in page and "Q local" in page
     assert "reduce-scatter" in page and "all-gather" in page
-    assert "positions are computed from attention_mask.shape[0]" in page
+    assert "positions are computed from attention_mask.shape[1]" in page
     # The text form prints the same plan.
     assert "32.3% of FLOPs on slices" in result.stdout and "32.3% of FLOPs on slices" in page
 
