@@ -93,17 +93,16 @@ def rank_shapes(
         for node in sharded_index.nodes
         if node.outputs and not any(name in original_tensors for name in node.outputs if name)
     )
-    if len(copies) == len(index.nodes):
-        copy_of = {node.index: copy for node, copy in zip(index.nodes, copies, strict=True)}
-    else:
-        # The extension's shard drops the nodes whose lengths only its copies compute now
-        # (sharding/lengths.py): the others by the tensors they compute.
-        copy_by_output = {name: node for node in copies for name in node.outputs if name}
-        copy_of = {
-            node.index: copy_by_output[node.outputs[0]]
-            for node in index.nodes
-            if node.outputs and node.outputs[0] in copy_by_output
-        }
+    # By the tensors they compute, not by position: the extension's shard drops the nodes whose
+    # lengths only its copies compute now (sharding/lengths.py) and may order the rest anew, so
+    # even the same number of nodes need not be the same nodes in the same order (dynamo
+    # GPT-NeoX: its attention cores' counts went to the length computations before them).
+    copy_by_output = {name: node for node in copies for name in node.outputs if name}
+    copy_of = {
+        node.index: copy_by_output[node.outputs[0]]
+        for node in index.nodes
+        if node.outputs and node.outputs[0] in copy_by_output
+    }
     return RankShapes(sharded, sharded_index, on_rank, on_one, copy_of, inserted)
 
 

@@ -14,6 +14,8 @@ import pytest
 from conftest import FIXTURES, run_cli
 from onnx import numpy_helper
 
+from shardcheck.analysis.detect import detect_attention
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
@@ -252,3 +254,35 @@ def test_explain_text_shows_names_escaped(tmp_path) -> None:  # type: ignore[no-
     assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     assert not any(line.startswith("FORGED") for line in result.stdout.splitlines())
     assert "\\x1b]0;owned\\x07\\nFORGED LINE" in result.stdout  # the names, shown escaped
+
+
+def test_the_extensions_plan_counts_each_node_as_itself() -> None:
+    """The extension's multi-device model of dynamo Llama drops some length computations and
+    copies others, as many nodes as before but in another order: each node's count must be its
+    own. HF Llama, hidden 32, MLP 64, 4 query heads / 2 KV heads of 8, 2 layers, batch 1."""
+    path = REAL / "dynamo_llama_tiny_gqa.onnx"
+    index = load_index(path)
+    extension = generate(index, GenOptions()).extension
+    assert extension is not None
+    plan = make_plan(index, extension.hints, seq_len=S, ranks=N)
+    hidden, mlp, heads, kv_heads, head = 32, 64, 4, 2, 8
+    per_layer = (
+        2
+        * S
+        * (
+            hidden * hidden  # q
+            + 2 * hidden * kv_heads * head  # k, v
+            + hidden * hidden  # o
+            + 3 * hidden * mlp  # gate, up, down
+        )
+    )
+    assert plan.classes["projections"].on_slices == 2 * per_layer
+    assert plan.classes["projections"].whole == 0
+    # The core of each layer: its two products [heads, S, S] x 8, and one FLOP per score of
+    # each of its other ops (the mask's Add, the Softmax, ...), as many as its nodes say.
+    layers = detect_attention(index, ShapeInference(index))
+    others = [sum(index.nodes[at].op_type != "MatMul" for at in layer.internal) for layer in layers]
+    products = 2 * 2 * heads * S * S * head
+    assert plan.classes["attention"].on_slices == sum(products + k * heads * S * S for k in others)
+    assert plan.classes["attention"].whole == 0
+    assert all(layer.q_local for layer in plan.layers)
