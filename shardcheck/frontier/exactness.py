@@ -14,7 +14,11 @@ from shardcheck.analysis.symbolic import mentions
 from shardcheck.frontier.gathers import gathered_kv
 from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
-from shardcheck.frontier.sources import ShapeSources, size_source_off_region
+from shardcheck.frontier.sources import (
+    ShapeSources,
+    shape_like_ancestors,
+    size_source_off_region,
+)
 from shardcheck.frontier.tensor_ids import TensorIds
 from shardcheck.graph.index import Dim, GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
@@ -118,24 +122,18 @@ def _may_carry_length(
     """Whether a shape-like input of ``node`` may hold the sequence length: not when every
     value it is computed from is known and free of it (a scale of ``hidden // heads ** -0.5``
     read from the hidden size of ``x``'s Shape, as TorchScript traces it)."""
-    pending = [name for name in node.inputs if name and name not in sources.derived]
-    seen = set(pending)
-    while pending:
-        tensor = pending.pop()
+
+    def free_of_it(tensor: str) -> bool:
         value = shapes.value(tensor)
-        if _without_sequence(value, seq) or _without_fixed_length(value, seq):
-            continue
-        producer = index.producer_of(tensor)
-        if producer is None:
-            if tensor in index.initializers:
-                continue
+        return _without_sequence(value, seq) or _without_fixed_length(value, seq)
+
+    for tensor, producer in shape_like_ancestors(
+        index, sources.derived, list(node.inputs), free_of_it
+    ):
+        if producer is None and tensor not in index.initializers:
             return True
-        if producer.op_type in SHAPE_OPS:
+        if producer is not None and producer.op_type in SHAPE_OPS:
             return True
-        for name in producer.inputs:
-            if name and name not in seen and name not in sources.derived:
-                seen.add(name)
-                pending.append(name)
     return False
 
 

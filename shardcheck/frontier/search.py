@@ -28,7 +28,13 @@ from shardcheck.frontier.result import Frontier, GraphOrder, in_graph_order
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources
 from shardcheck.frontier.tensor_ids import TensorIds
-from shardcheck.frontier.whole import must_be_whole, read_by_mixing, sized_whole, sliced_beside
+from shardcheck.frontier.whole import (
+    must_be_whole,
+    read_by_mixing,
+    sized_by_slices,
+    sized_whole,
+    sliced_beside,
+)
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.ops import SHAPE_OPS
 
@@ -93,56 +99,68 @@ def find_frontier(
     layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
     sources = ShapeSources(index, ids, derived)
     back = BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
+    # The rounds find the cuts; the gathers follow from them. A length read after the gathers
+    # from a tensor ranks hold slices of makes that tensor whole, and the rounds run again; in
+    # the extension too, whose shard gives the whole length only to the Gathers indexing
+    # whole data (sharding/lengths.py).
     for _ in range(MAX_ROUNDS):
-        walked = back.walk(seeds, whole)
-        region, cut = walked.tensors, walked.cut
-        cut_lengths: list[tuple[int, int]] = []
-        needed = must_be_whole(
+        for _ in range(MAX_ROUNDS):
+            walked = back.walk(seeds, whole)
+            region, cut = walked.tensors, walked.cut
+            cut_lengths: list[tuple[int, int]] = []
+            needed = must_be_whole(
+                index,
+                ids,
+                walked,
+                forward_nodes,
+                layer_output_flags,
+                cut_lengths,
+                lengths_by_reader=lengths_by_reader,
+            )
+            if not lengths_by_reader:
+                needed |= sized_whole(index, mapper, sources, walked)
+            needed |= sliced_beside(ids, walked)
+            needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
+            needed |= exposed.read_beside(index, layers, walked)
+            needed -= whole
+            masks = whole_sized_masks(
+                index, shapes, mapper, sources, layers, (region, layers_own), seeds
+            )
+            if not needed and not masks:
+                # Checked last, once the rest holds (it reads every node): a region tensor read
+                # by an op that mixes positions along its axis, beside the walk.
+                needed = read_by_mixing(index, mapper, walked, inside_layers) - whole
+                if not needed:
+                    break
+            whole |= needed
+            seeds.extend(masks)
+        gather_warnings: list[str] = []
+        # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
+        # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
+        # the gathered tensor.
+        gathered = _gathered(
             index,
-            ids,
-            walked,
-            forward_nodes,
-            layer_output_flags,
-            cut_lengths,
-            lengths_by_reader=lengths_by_reader,
+            mapper,
+            layers,
+            gather_warnings,
+            sources,
+            set(region),
+            walked.cut_ids,
+            inside_layers,
+            sized=not lengths_by_reader,
+            whole_outputs=frozenset(exposed.outputs),
         )
-        if not lengths_by_reader:
-            needed |= sized_whole(index, mapper, sources, walked)
-        needed |= sliced_beside(ids, walked)
-        needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
-        needed |= exposed.read_beside(index, layers, walked)
-        needed -= whole
-        masks = whole_sized_masks(
-            index, shapes, mapper, sources, layers, (region, layers_own), seeds
-        )
-        if not needed and not masks:
-            # Checked last, once the rest holds (it reads every node): a region tensor read
-            # by an op that mixes positions along its axis, beside the walk.
-            needed = read_by_mixing(index, mapper, walked, inside_layers) - whole
-            if not needed:
-                break
-        whole |= needed
-        seeds.extend(masks)
+        whole_when_read = [ids.id[name] for name in (*gathered, *gathered_kv(layers))]
+        late = sized_by_slices(index, shapes, sources, walked, gathered, whole_when_read) - whole
+        if not late:
+            break
+        whole |= late
+    result.warnings.extend(gather_warnings)
     order = GraphOrder(index)
     result.inputs = in_graph_order(
         order, shapes, {name: axis for name, axis in cut.items() if name not in exposed.queries}
     )
     result.region_nodes = frozenset(walked.nodes)
-    # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
-    # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
-    # the gathered tensor.
-    gathered = _gathered(
-        index,
-        mapper,
-        layers,
-        result.warnings,
-        sources,
-        set(region),
-        walked.cut_ids,
-        inside_layers,
-        sized=not lengths_by_reader,
-        whole_outputs=frozenset(exposed.outputs),
-    )
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
     result.outputs = in_graph_order(order, shapes, gathered)
     warn_no_exact_cut(

@@ -7,6 +7,8 @@ tensor no rank slices gets that tensor's whole length: CP cannot cut before it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.frontier.tensor_ids import TensorIds
 from shardcheck.graph.index import GraphIndex, Node
@@ -123,3 +125,25 @@ def size_source_off_region(
                 if source not in region and source not in reached:
                     return source
     return None
+
+
+def shape_like_ancestors(
+    index: GraphIndex, derived: set[str], starts: list[str], leave: Callable[[str], bool]
+) -> Iterator[tuple[str, Node | None]]:
+    """Back from ``starts`` through shape-like values (never data), each tensor once with its
+    producer (None for a graph input or a weight), but those ``leave`` says hold no length
+    that matters: the walk goes on through every producer but a Shape."""
+    pending = [name for name in starts if name and name not in derived]
+    seen = set(pending)
+    while pending:
+        tensor = pending.pop()
+        if leave(tensor):
+            continue
+        producer = index.producer_of(tensor)
+        yield tensor, producer
+        if producer is None or producer.op_type in SHAPE_OPS:
+            continue
+        for name in producer.inputs:
+            if name and name not in seen and name not in derived:
+                seen.add(name)
+                pending.append(name)

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections import deque
 
 from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.symbolic import mentions
 from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
-from shardcheck.frontier.sources import ShapeSources
+from shardcheck.frontier.sources import ShapeSources, shape_like_ancestors
 from shardcheck.frontier.tensor_ids import TensorIds
-from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.graph.index import Dim, GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
 
 
@@ -202,3 +204,90 @@ def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) 
                 seen[name] = 1
                 queue.append(name)
     return found
+
+
+def sized_by_slices(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    sources: ShapeSources,
+    region: Region,
+    gathered: dict[str, int],
+    whole_when_read: list[int],
+) -> set[str]:
+    """Region tensors whose length sizes a node after the gathers, which computes whole
+    values (TorchScript's T5 reshapes each layer's gathered context with the length of its Q,
+    read after Q's head split). In the Polygraphy format a Shape reads what its tensor's other
+    consumers read, a rank's slice, where that node needs the whole length: the tensor must
+    be whole, so the cut moves past it. ``whole_when_read``: the tensors gathered, and the
+    layers' K and V (ids). Where the node's target is known and holds no dim of the tensor's
+    sliced axis (a batch or head size), the length is harmless."""
+    ids = sources.ids
+    sliced = SlicedTest(ids, region.cut_ids, whole=whole_when_read)
+    derived, in_region, axes = sources.derived_flags, region.in_region, region.tensors
+    needed: set[str] = set()
+    for node in _after_gathers(index, region, gathered):
+        if node.index not in sources.sizable:
+            continue
+        data = [ids.id[name] for name in node.inputs if name and derived[ids.id[name]]]
+        if any(sliced(tensor) for tensor in data):
+            continue  # it computes on a slice itself
+        for name in node.inputs:
+            if not name or derived[ids.id[name]]:
+                continue
+            for source in sources.of_id(ids.id[name]):
+                source_name = ids.names[source]
+                if in_region[source] and _length_reaches(
+                    index, shapes, sources, name, source_name, axes[source_name]
+                ):
+                    needed.add(source_name)
+    return needed
+
+
+def _after_gathers(index: GraphIndex, region: Region, gathered: dict[str, int]) -> list[Node]:
+    """The nodes computed from the gathered tensors through data, up to the next cuts."""
+    found: list[Node] = []
+    seen = set(gathered)
+    queue = deque(gathered)
+    while queue:
+        for node in index.consumers_of(queue.popleft()):
+            if node.op_type in SHAPE_OPS or node.index in region.nodes:
+                continue
+            found.append(node)
+            for output in node.outputs:
+                if output and output not in seen and output not in region.cut:
+                    seen.add(output)
+                    queue.append(output)
+    return found
+
+
+def _length_reaches(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    sources: ShapeSources,
+    value_of: str,
+    tensor: str,
+    axis: int,
+) -> bool:
+    """Whether the shape-like ``value_of`` may hold the length of ``tensor``'s ``axis``, read by
+    a Shape of ``tensor``: back from it through shape-like values, leaving those known to hold
+    no dim of that length (GPT-2's last Reshape takes its hidden size from the Shape of a
+    sliced tensor, and its length from input_ids)."""
+    shape = shapes.shape(tensor)
+    length = shape[axis] if shape is not None and axis < len(shape) else None
+
+    def free_of_it(current: str) -> bool:
+        value = shapes.value(current)
+        return length is not None and value is not None and not _holds(value, length)
+
+    return any(
+        producer is not None and producer.op_type in SHAPE_OPS and producer.inputs[:1] == (tensor,)
+        for _, producer in shape_like_ancestors(index, sources.derived, [value_of], free_of_it)
+    )
+
+
+def _holds(value: tuple[Dim, ...], length: Dim) -> bool:
+    """Whether a known shape-like value may hold ``length``: one of its dims is unknown, is
+    it, or (a symbol) is computed from it."""
+    if isinstance(length, int):
+        return any(dim is None or dim == length for dim in value)
+    return any(dim is None or mentions(dim, length) for dim in value)
