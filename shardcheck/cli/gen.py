@@ -170,7 +170,11 @@ def _extension(
     """The extension file written beside the hints (cli/gen_extension.py), and its line."""
     if not options.extension or options.compat == "polygraphy" or options.io == "graph":
         return None, ""
-    return write_extension(output, model, result.extension)
+    written, line = write_extension(output, model, result.extension)
+    if result.extension is None and result.no_extension:
+        why = f"no extension written: {result.no_extension}"
+        line = f"{line}; {why}" if line else f"{output}: {why}"
+    return written, line
 
 
 def _refuse_weight_file(output: str, model: str, locations: set[str]) -> None:

@@ -54,19 +54,25 @@ def extended_plan(
     layers: list[AttentionLayer],
     hints: ShardHints,
     plain_warnings: int,
+    declined: list[str] | None = None,
 ) -> Extended | None:
     """The extension of ``hints`` (gen's Polygraphy-format hints, whose frontier warned
     ``plain_warnings`` times), or None where it would not split more or may not be exact: the
     same cut, a length traced into the model, more places without an exact cut, a node of its
     multi-device model that the shapes on a rank show broadcasting a whole length against a
     rank's, or no more projection FLOPs on slices. Counted at the default length on the
-    hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts."""
+    hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts. Where it is declined as not
+    exact, ``declined`` gets why, naming the place, for gen to say."""
     if baked_lengths(index, shapes, sequence_dim(shapes, layers)):
         # A length traced into Reshapes cannot be given to a rank: the model runs at that
         # length only, and the extension has nothing to give its nodes.
         return None
     frontier = find_frontier(index, shapes, layers, lengths_by_reader=True)
-    if len(frontier.warnings) > plain_warnings or not frontier.inputs:
+    if len(frontier.warnings) > plain_warnings:
+        if declined is not None:
+            declined.append(f"its cut would not be exact: {frontier.warnings[0]}")
+        return None
+    if not frontier.inputs:
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
     if cut == hints:
@@ -82,7 +88,13 @@ def extended_plan(
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         extended = cut.with_changes(lengths=lengths)
         model = shard_model(index, extended, shapes=shapes, detected=layers)
-        if mixed_lengths(index, shapes, extended, model) is not None:
+        mixed = mixed_lengths(index, shapes, extended, model)
+        if mixed is not None:
+            if declined is not None:
+                declined.append(
+                    f"node {mixed} of its multi-device model would broadcast the whole length "
+                    "against a rank's"
+                )
             return None
         nb_rank = hints.dist_collectives.nb_rank
         ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS

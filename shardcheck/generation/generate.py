@@ -5,6 +5,8 @@ the warnings both give."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardcheck.analysis.axes import carries
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dim
 from shardcheck.analysis.polygraphy import dependent_graph_inputs, dependent_graph_outputs
@@ -39,9 +41,7 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
     about_options = [*messages.about_options(options), *messages.hidden_layers(index)]
     if not about_options:
         return result
-    return GenResult(
-        result.hints, (*result.warnings, *about_options), result.layers, result.extension
-    )
+    return replace(result, warnings=(*result.warnings, *about_options))
 
 
 def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
@@ -77,10 +77,15 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     contexts = {layer.q for layer in layers if layer.kv_context}
     hints = with_options(found, options, (layer.q for layer in layers), replacements, contexts)
     extension = None
+    declined: list[str] = []
     if frontier is not None and options.extension:
-        extension = extended_plan(index, shapes, layers, hints, len(frontier.warnings))
+        extension = extended_plan(index, shapes, layers, hints, len(frontier.warnings), declined)
     return GenResult(
-        hints=hints, warnings=tuple(warnings), layers=tuple(layers), extension=extension
+        hints=hints,
+        warnings=tuple(warnings),
+        layers=tuple(layers),
+        extension=extension,
+        no_extension=declined[0] if declined else None,
     )
 
 

@@ -24,6 +24,8 @@ class GenResult:
     layers: tuple[AttentionLayer, ...] = field(default=())
     # The extension's plan, where it splits more than the hints (generation/extension.py).
     extension: Extended | None = None
+    # Why gen writes no extension where its cut was declined as not exact (else None).
+    no_extension: str | None = None
 
 
 def with_options(
