@@ -76,7 +76,37 @@ def find_blockers(
     for _, blocker in found:
         first.setdefault(blocker.what.split(" is computed")[0].split(" are computed")[0], blocker)
     telling = [b for b in first.values() if not b.what.startswith("a shape ")]
+    if not telling and not first and isinstance(seq, int) and shape_of is not None:
+        fixed = _spelled_length(index, shape_of, seq)
+        return [fixed] if fixed is not None else []
     return telling if telling else list(first.values())[:1]
+
+
+def _spelled_length(
+    index: GraphIndex, shape_of: Callable[[str], Shape | None], seq: int
+) -> Blocker | None:
+    """Where a fixed length keeps the cut after the projections: the first head split (a
+    Reshape of [.., S, C] to [.., S, H, D]) whose constant target spells the length (dynamo
+    DeiT's [-1, 16, 4, 8]): a rank's slice cannot take that target (analysis/axes.py). Only
+    head splits, where the axis spelled is the one kept: in a fixed model another axis may
+    have the length's size by chance (a patch embedding's channels)."""
+    for node in index.nodes:
+        if node.op_type != "Reshape" or len(node.inputs) < 2:
+            continue
+        target = index.constant_ints(node.inputs[1])
+        shape = shape_of(node.inputs[0])
+        if target is None or not shape or len(target) != len(shape) + 1:
+            continue
+        kept = range(len(shape) - 1)  # the axes before the one split into heads
+        if any(target[axis] == seq and shape[axis] == seq for axis in kept):
+            spelled = ", ".join(str(size) for size in target)
+            return Blocker(
+                f"the length {seq} is spelled in the target of Reshape {node.label} ([{spelled}])",
+                node.outputs[0],
+                node.label,
+                "export with a dynamic sequence axis",
+            )
+    return None
 
 
 def _blocker(
