@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardcheck.analysis.einsum import context_roles, node_equation, score_roles
 from shardcheck.analysis.polygraphy import match_all
@@ -451,8 +451,7 @@ def _causal_mask(index: GraphIndex, masks: tuple[str, ...]) -> str | None:
             if (
                 producer is None or producer.op_type == "Constant" or tensor in index.initializers
             ) and _may_be_triangular_constant(index, tensor):
-                value = index.constant_value(tensor)
-                if value is not None and _is_triangular(value):
+                if _is_triangular_constant(index, tensor):
                     return f"constant triangular mask {tensor}"
             if producer is None:
                 continue
@@ -505,6 +504,29 @@ def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
         return False
     head = raw_values(proto, dims[-1])
     return head is None or all(v == 0 for v in head[1:])
+
+
+def _is_triangular_constant(index: GraphIndex, tensor: str) -> bool:
+    """``_is_triangular`` of a constant, told from its first matrix read with struct where it
+    is stored raw (gen leaves numpy unimported: tests/graph/test_lean_reading.py)."""
+    proto = index.constant_tensor(tensor)
+    if proto is not None:
+        rows, columns = int(proto.dims[-2]), int(proto.dims[-1])
+        values = raw_values(proto, rows * columns)
+        if values is not None:
+            return _is_triangular_matrix(values, columns)
+    value = index.constant_value(tensor)
+    return value is not None and _is_triangular(value)
+
+
+def _is_triangular_matrix(values: Sequence[Any], columns: int) -> bool:
+    """``_is_triangular`` of one matrix given row by row: what np.triu(m, 1) keeps (the rest
+    zero) is one value, the entry right of the first, and np.tril(m) is not all of it."""
+    zero = type(values[0])(0)
+    upper = [v if i % columns > i // columns else zero for i, v in enumerate(values)]
+    lower = [v if i % columns <= i // columns else zero for i, v in enumerate(values)]
+    first = upper[1]
+    return all(v == first for v in upper) and not all(v == first for v in lower)
 
 
 def _is_triangular(value: np.ndarray) -> bool:

@@ -14,7 +14,11 @@ from conftest import FIXTURE_MODELS, FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
-from shardcheck.analysis.detect import _is_triangular, _may_be_triangular_constant
+from shardcheck.analysis.detect import (
+    _is_triangular,
+    _is_triangular_constant,
+    _may_be_triangular_constant,
+)
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import _run_checker, load_index, parse_model
@@ -198,6 +202,32 @@ def test_the_triangular_precheck_never_rules_out_what_the_full_check_accepts() -
                 index = _square("m", matrix, raw=raw)
                 if _is_triangular(matrix):
                     assert _may_be_triangular_constant(index, "m"), matrix
+
+
+def test_the_triangular_check_read_with_struct_is_numpys() -> None:
+    """A raw constant is checked from its values read with struct; one stored otherwise with
+    numpy: both say what ``_is_triangular`` says of the array (bool, float, ints, a stack)."""
+    rng = np.random.default_rng(20261201)
+    matrices = []
+    for size in (2, 3, 5, 8):
+        for dtype in (np.float32, np.int64, np.bool_):
+            matrices += [
+                np.tril(np.ones((size, size))).astype(dtype),
+                np.triu(np.ones((size, size)), 1).astype(dtype),
+                np.zeros((size, size), dtype),
+                rng.integers(0, 2, (size, size)).astype(dtype),
+                np.tril(rng.integers(1, 3, (2, size, size))).astype(dtype),
+            ]
+        matrices.append(np.triu(np.full((size, size), -np.inf, np.float32), 1))
+    accepted = 0
+    for matrix in matrices:
+        for raw in (True, False):
+            if not raw and matrix.dtype != np.float32:
+                continue  # _square's non-raw form writes floats
+            index = _square("m", matrix, raw=raw)
+            assert _is_triangular_constant(index, "m") == _is_triangular(matrix), matrix
+        accepted += _is_triangular(matrix)
+    assert accepted >= 12  # the lower-triangular ones of each size and type
 
 
 def test_a_weight_met_on_the_mask_walk_is_ruled_out_from_its_first_row() -> None:
