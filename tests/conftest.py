@@ -95,6 +95,32 @@ def attention_nodes() -> list[Any]:
     ]
 
 
+# A length at which long_matmul_model's one MatMul (2.2 TFLOP) runs many seconds on any CPU
+# with one thread: far past a timeout of 1 s and its grace of 2 s.
+LONG_LENGTH = 16384
+
+
+def long_matmul_model(path: Path) -> Path:
+    """One MatMul of [seq, 4096] by [4096, seq], saved to ``path``: one long kernel, which
+    onnxruntime's own stop (between nodes) cannot end early."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "y"], ["z"], name="long_matmul")],
+        "long",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4096]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, "seq"]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["seq", "seq"])],
+    )
+    # IR 8: what every onnxruntime the project supports reads (onnx writes its newest).
+    opsets = [helper.make_opsetid("", 17)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    return path
+
+
 def attention_model(directory: Path, *, positions: bool = False, external: bool = False) -> Path:
     """``attention_nodes`` as a model on the input ``x`` [seq, 4]. With ``positions``, on
     ``x = tokens + pos`` instead: a position table of 8 rows added whole (as Whisper's

@@ -8,10 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import onnx
 import pytest
-from conftest import FIXTURES
-from onnx import TensorProto, helper
+from conftest import FIXTURES, LONG_LENGTH, long_matmul_model
 
 # Imported here, outside pytester's runs: each in-process run drops the modules it imported,
 # and deepdiff's cachebox (a PyO3 extension, under the gate's hints diff) cannot be loaded twice.
@@ -425,25 +423,16 @@ def test_tests_that_name_one_golden_on_purpose_share_it(pytester: pytest.Pyteste
 
 
 def test_a_verify_item_past_its_timeout_is_a_clean_failure(pytester: pytest.Pytester) -> None:
-    # One MatMul of [S, 4096] by [4096, S]: at S = 16384 it runs for many seconds, far past the
-    # manifest's timeout of 1 s (a shorter run could end before its bound is checked).
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "y"], ["z"], name="long_matmul")],
-        "long",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4096]),
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, "seq"]),
-        ],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["seq", "seq"])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, pytester.path / "long.onnx")
+    # At LONG_LENGTH the one MatMul runs for many seconds, far past the manifest's timeout of
+    # 1 s (a shorter run could end before its bound is checked).
+    long_matmul_model(pytester.path / "long.onnx")
     (pytester.path / "long.json").write_text(
         dumps(generate(load_index(pytester.path / "long.onnx"), GenOptions()).hints)
     )
     (pytester.path / "shardcheck.toml").write_text(
         "[tool.shardcheck]\ntimeout = 1\n[[tool.shardcheck.models]]\n"
-        'path = "long.onnx"\ngolden = "long.json"\nverify = true\nseq-lens = [8, 16384]\n'
+        'path = "long.onnx"\ngolden = "long.json"\nverify = true\n'
+        f"seq-lens = [8, {LONG_LENGTH}]\n"
     )
 
     result = run(pytester, "--shardcheck", "-k", "verify")

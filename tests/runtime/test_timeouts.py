@@ -15,36 +15,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-import onnx
 import pytest
-from conftest import ROOT, run_cli
-from onnx import TensorProto, helper
+from conftest import LONG_LENGTH, ROOT, long_matmul_model, run_cli
 
 from shardcheck.errors import InputError
 from shardcheck.runtime.supervised import run_supervised
 from shardcheck.simulation.simulate import simulate
 from shardcheck.verification.verify import verify_in_child
 
-LONG_LENGTH = 16384
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
 STOPPED = "its process was stopped"
 
 
 def _one_long_matmul(directory: Path) -> tuple[Path, Path]:
     """The model and its hints (gen's: no layer, nothing scattered)."""
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "y"], ["z"], name="long_matmul")],
-        "long",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4096]),
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, "seq"]),
-        ],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["seq", "seq"])],
-    )
-    model = directory / "long.onnx"
-    # IR 8: what every onnxruntime the project supports reads (onnx writes its newest).
-    opsets = [helper.make_opsetid("", 17)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), model)
+    model = long_matmul_model(directory / "long.onnx")
     hints = directory / "long.json"
     assert run_cli("gen", model, "-o", hints).exit_code == 0
     return model, hints
