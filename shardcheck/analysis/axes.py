@@ -41,11 +41,22 @@ def carries(dim: Dim, seq: Dim) -> bool:
     return isinstance(dim, str) and seq in dim.split("*")
 
 
+def carries_any(dim: Dim, sequences: Iterable[Dim]) -> bool:
+    """Whether a dim carries one of the sequence dims (an encoder-decoder has two)."""
+    return any(carries(dim, seq) for seq in sequences)
+
+
 class AxisMapper:
-    def __init__(self, index: GraphIndex, shapes: ShapeInference, seq: Dim) -> None:
+    """``seq``: the model's sequence dim; ``others``: the other sequence dims its layers run
+    along (an encoder-decoder's decoder length), which the position-wise ops carry too."""
+
+    def __init__(
+        self, index: GraphIndex, shapes: ShapeInference, seq: Dim, others: Iterable[Dim] = ()
+    ) -> None:
         self.index = index
         self.shapes = shapes
         self.seq = seq
+        self.sequences: tuple[Dim, ...] = (seq, *(dim for dim in others if dim != seq))
         # The frontier search asks the same questions in every round: answer each once.
         self._memo: dict[tuple[int, int], AxisList | None] = {}
         self._forward_memo: dict[tuple[int, str, int], int | None] = {}
@@ -221,20 +232,23 @@ class AxisMapper:
     def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
         source = self.shapes.shape(node.inputs[0])
         target = self.shapes.shape(node.outputs[0])
-        if source is None or target is None or not carries(target[out_axis], self.seq):
+        if source is None or target is None:
             return None
-        if isinstance(self.seq, int) and len(node.inputs) > 1:
+        seq = next((dim for dim in self.sequences if carries(target[out_axis], dim)), None)
+        if seq is None:
+            return None
+        if isinstance(seq, int) and len(node.inputs) > 1:
             # The length is fixed (a static export): a target that spells it out, as the
             # dynamo exporter writes ViT's and CLIP's head splits, takes no rank's slice.
             spelled = self.index.constant_ints(node.inputs[1])
-            if spelled is not None and out_axis < len(spelled) and spelled[out_axis] == self.seq:
+            if spelled is not None and out_axis < len(spelled) and spelled[out_axis] == seq:
                 return None
         blocks = self._reshape_blocks.get((source, target))
         if blocks is None:
             blocks = self._reshape_blocks[source, target] = _blocks(source, target)
         for in_axes, out_axes in blocks:
             if out_axis in out_axes:
-                carrying = [a for a in in_axes if carries(source[a], self.seq)]
+                carrying = [a for a in in_axes if carries(source[a], seq)]
                 return [(node.inputs[0], carrying[0])] if len(carrying) == 1 else None
         return None
 

@@ -195,6 +195,22 @@ def sequence_dim(shapes: ShapeInference, layers: list[AttentionLayer]) -> Dim:
     return axis_dim(shapes, layers[0].q, layers[0].q_axis)
 
 
+def sequence_dims(shapes: ShapeInference, layers: list[AttentionLayer]) -> tuple[Dim, ...]:
+    """Every sequence dim of the layers: ``sequence_dim`` first, then each other layer's own
+    symbolic query dim (an encoder-decoder's decoder runs along ``decoder_sequence`` or
+    ``target``; its cross-attention's keys are the encoder's). A fixed query dim of another
+    size is no second sequence (DETR's object queries, Funnel's pooled queries)."""
+    first = sequence_dim(shapes, layers)
+    dims = [first]
+    if not isinstance(first, str):
+        return tuple(dims)
+    for layer in layers:
+        dim = axis_dim(shapes, layer.q, layer.q_axis)
+        if layer.latents is None and isinstance(dim, str) and dim not in dims:
+            dims.append(dim)
+    return tuple(dims)
+
+
 def layer_tensors(index: GraphIndex) -> list[AttentionLayer]:
     """The layers ``detect_attention`` finds, with the same tensors (Q, gathered K and V, masks,
     output), found without shape inference: their ranks are unknown here, their axes too

@@ -33,7 +33,7 @@ def warn_no_exact_cut(
     region: Region,
     gathered: dict[str, int],
     cut_lengths: list[tuple[int, int]],
-    seq: Dim | None,
+    sequences: tuple[Dim, ...],
     warnings: list[str],
     *,
     lengths_given: bool = False,
@@ -42,15 +42,16 @@ def warn_no_exact_cut(
     exact cut. ``cut_lengths``: the cuts whose length a cut is computed from, with the Shape's
     output (ids), as the last round's must_be_whole found them. ``lengths_given``: the
     extension's frontier, whose shard computes what it scatters with the whole length
-    (sharding/lengths.py): no cut reads a slice's length."""
+    (sharding/lengths.py): no cut reads a slice's length. ``sequences``: the sequence dims
+    (the mapper's), the model's first."""
     tensors = set(region.tensors)
     _warn_cuts_from_slices(index, layers, region.cut, gathered, warnings)
-    _warn_layer_insides(index, shapes, layers, sources, tensors, region.cut, seq, warnings)
+    _warn_layer_insides(index, shapes, layers, sources, tensors, region.cut, sequences, warnings)
     _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
     if lengths_given:
         return
     lengths = [*cut_lengths, *_lengths_of_slices(index, layers, sources, region, gathered)]
-    _warn_cut_lengths(index, shapes, layers, sources.ids, region, lengths, seq, warnings)
+    _warn_cut_lengths(index, shapes, layers, sources.ids, region, lengths, sequences, warnings)
 
 
 def _warn_cuts_from_slices(
@@ -87,7 +88,7 @@ def _warn_layer_insides(
     sources: ShapeSources,
     region: set[str],
     cut: dict[str, int],
-    seq: Dim | None,
+    sequences: tuple[Dim, ...],
     warnings: list[str],
 ) -> None:
     """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
@@ -102,7 +103,7 @@ def _warn_layer_insides(
             source = (
                 None if node.op_type in SHAPE_OPS else size_source_off_region(node, sources, region)
             )
-            if source is None or not _may_carry_length(index, shapes, sources, node, seq):
+            if source is None or not _may_carry_length(index, shapes, sources, node, sequences):
                 continue
             held = (
                 "each rank holds a slice of"
@@ -117,7 +118,11 @@ def _warn_layer_insides(
 
 
 def _may_carry_length(
-    index: GraphIndex, shapes: ShapeInference, sources: ShapeSources, node: Node, seq: Dim | None
+    index: GraphIndex,
+    shapes: ShapeInference,
+    sources: ShapeSources,
+    node: Node,
+    sequences: tuple[Dim, ...],
 ) -> bool:
     """Whether a shape-like input of ``node`` may hold the sequence length: not when every
     value it is computed from is known and free of it (a scale of ``hidden // heads ** -0.5``
@@ -125,7 +130,7 @@ def _may_carry_length(
 
     def free_of_it(tensor: str) -> bool:
         value = shapes.value(tensor)
-        return _without_sequence(value, seq) or _without_fixed_length(value, seq)
+        return _without_sequences(value, sequences) or _without_fixed_length(value, sequences[0])
 
     for tensor, producer in shape_like_ancestors(
         index, sources.derived, list(node.inputs), free_of_it
@@ -238,7 +243,7 @@ def _warn_cut_lengths(
     ids: TensorIds,
     region: Region,
     cut_lengths: list[tuple[int, int]],
-    seq: Dim | None,
+    sequences: tuple[Dim, ...],
     warnings: list[str],
 ) -> None:
     """A cut is computed whole on every rank, then scattered; one computed from the length of
@@ -252,7 +257,7 @@ def _warn_cut_lengths(
     for read, shape_output in sorted(set(cut_lengths)):
         if read in warned or ids.names[read] in gathered:
             continue
-        sized = _cut_sized_by(index, shapes, region, ids.names[shape_output], seq)
+        sized = _cut_sized_by(index, shapes, region, ids.names[shape_output], sequences)
         if sized is None:
             continue
         warned.add(read)
@@ -265,11 +270,15 @@ def _warn_cut_lengths(
 
 
 def _cut_sized_by(
-    index: GraphIndex, shapes: ShapeInference, region: Region, length: str, seq: Dim | None
+    index: GraphIndex,
+    shapes: ShapeInference,
+    region: Region,
+    length: str,
+    sequences: tuple[Dim, ...],
 ) -> str | None:
-    """The first cut that ``length`` (a Shape's output) sizes along a path the sequence length
+    """The first cut that ``length`` (a Shape's output) sizes along a path a sequence length
     may take: forward through tensors off the region, leaving those whose value is known and
-    holds no ``seq``."""
+    holds none of ``sequences``."""
     cut, tensors = region.cut, region.tensors
     queue = deque([length])
     seen = {length}
@@ -282,7 +291,7 @@ def _cut_sized_by(
                 seen.add(output)
                 if output in cut:
                     return output
-                if output in tensors or _without_sequence(shapes.value(output), seq):
+                if output in tensors or _without_sequences(shapes.value(output), sequences):
                     continue
                 queue.append(output)
     return None
@@ -294,6 +303,12 @@ def _without_fixed_length(value: tuple[Dim, ...] | None, seq: Dim | None) -> boo
     if value is None or not isinstance(seq, int):
         return False
     return all(dim is not None and dim != seq for dim in value)
+
+
+def _without_sequences(value: tuple[Dim, ...] | None, sequences: tuple[Dim, ...]) -> bool:
+    """Whether a shape-like value is known and holds none of the sequence dims ``sequences``
+    (an encoder-decoder's decoder length is one too)."""
+    return all(_without_sequence(value, seq) for seq in sequences)
 
 
 def _without_sequence(value: tuple[Dim, ...] | None, seq: Dim | None) -> bool:

@@ -121,14 +121,15 @@ def _unmerged(
 
 
 def _batch_outside(mapper: AxisMapper, tensor: str, axis: int) -> bool:
-    """Whether ``tensor``'s ``axis`` merges the sequence under another dim (batch*sequence)."""
+    """Whether ``tensor``'s ``axis`` merges a sequence dim under another dim (batch*sequence)."""
     shape = mapper.shapes.shape(tensor)
     dim = shape[axis] if shape is not None and axis < len(shape) else None
-    seq = mapper.seq
-    if not isinstance(dim, str) or not isinstance(seq, str) or "*" not in dim:
+    if not isinstance(dim, str) or "*" not in dim:
         return False
     factors = dim.split("*")
-    return seq in factors and factors[0] != seq
+    return any(
+        isinstance(seq, str) and seq in factors and factors[0] != seq for seq in mapper.sequences
+    )
 
 
 class WholeReads:

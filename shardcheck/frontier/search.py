@@ -17,7 +17,7 @@ tensor once.
 from __future__ import annotations
 
 from shardcheck.analysis.axes import AxisMapper
-from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.exactness import warn_no_exact_cut
 from shardcheck.frontier.exposed import exposed_in_region, exposed_layers
@@ -74,8 +74,8 @@ def find_frontier(
     result = Frontier()
     if not layers:
         return result
-    seq = sequence_dim(shapes, layers)
-    mapper = AxisMapper(index, shapes, seq)
+    seq, *others = sequence_dims(shapes, layers)
+    mapper = AxisMapper(index, shapes, seq, others)
     derived = data_derived(index)
     seeds = list(layer_seeds(index, shapes, mapper, layers))
 
@@ -172,7 +172,7 @@ def find_frontier(
         walked,
         gathered,
         cut_lengths,
-        seq,
+        mapper.sequences,
         result.warnings,
         lengths_given=lengths_by_reader,
     )

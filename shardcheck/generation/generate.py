@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shardcheck.analysis.axes import carries
-from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dim
+from shardcheck.analysis.axes import carries_any
+from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dims
 from shardcheck.analysis.polygraphy import dependent_graph_inputs, dependent_graph_outputs
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import BATCH_LIKE
@@ -171,12 +171,12 @@ def _graph_io(
     """Polygraphy's choice of tensors (graph inputs and outputs), with inferred axes; and
     those none of whose axes carries the sequence (written with the option's index)."""
     ends = [index.nodes[index.producer[layer.output]] for layer in layers]
-    seq = sequence_dim(shapes, layers)
+    sequences = sequence_dims(shapes, layers)
     guessed: list[str] = []
 
     def tensor(name: str, default_idx: int, default_rank: int | None) -> ShardTensor:
         shape = shapes.shape(name)
-        axis = next((i for i, d in enumerate(shape or ()) if carries(d, seq)), None)
+        axis = next((i for i, d in enumerate(shape or ()) if carries_any(d, sequences)), None)
         if axis is None:
             axis = _only_symbolic_axis(shape)
         if axis is None:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from shardcheck.analysis.axes import carries
+from shardcheck.analysis.axes import carries_any
 from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
 from shardcheck.graph.ops import SHAPE_OPS
@@ -37,14 +37,15 @@ def find_blockers(
     sliced: Callable[[str], bool],
     scattered: Iterable[str] = (),
     shape_of: Callable[[str], Shape | None] | None = None,
-    seq: Dim = None,
+    sequences: tuple[Dim, ...] = (),
 ) -> list[Blocker]:
     """The reasons for the projections run whole: each tensor on the way back from them and
     from the tensors scattered after them (``scattered``) whose length sizes positions or a
     mask (else the earliest whose length sizes another shape), the first of each kind in graph
     order. One walk back from all of them, each tensor visited once; none without a
-    projection run whole. With ``shape_of`` and the sequence dim ``seq``, a read of no axis
-    of the sequence (``attention_mask.shape[0]``, the batch) blocks nothing and is not named."""
+    projection run whole. With ``shape_of`` and the sequence dims ``sequences`` (the model's
+    first, an encoder-decoder's decoder length after it), a read of no axis of a sequence
+    (``attention_mask.shape[0]``, the batch) blocks nothing and is not named."""
     derived = data_derived(index)
     starts = [
         name for node in whole_projections for name in node.inputs if name and name in derived
@@ -60,7 +61,7 @@ def find_blockers(
             continue
         for reader in index.consumers_of(tensor):
             if reader.op_type in SHAPE_OPS:
-                length, axis = _length_read(index, tensor, reader, shape_of, seq)
+                length, axis = _length_read(index, tensor, reader, shape_of, sequences)
                 if length:
                     found.append((reader.index, _blocker(index, tensor, reader, derived, axis)))
         producer = index.producer_of(tensor)
@@ -76,6 +77,7 @@ def find_blockers(
     for _, blocker in found:
         first.setdefault(blocker.what.split(" is computed")[0].split(" are computed")[0], blocker)
     telling = [b for b in first.values() if not b.what.startswith("a shape ")]
+    seq = sequences[0] if sequences else None
     if not telling and not first and isinstance(seq, int) and shape_of is not None:
         fixed = _spelled_length(index, shape_of, seq)
         return [fixed] if fixed is not None else []
@@ -141,17 +143,18 @@ def _length_read(
     tensor: str,
     reader: Node,
     shape_of: Callable[[str], Shape | None] | None,
-    seq: Dim,
+    sequences: tuple[Dim, ...],
 ) -> tuple[bool, int | None]:
     """Whether ``reader`` may read a length of ``tensor``, and the axis it reads (None where
     it cannot tell which). Not where the axes it reads are known and none is the sequence: the
     batch of a mask, read to size the positions' batch, blocks no split."""
     axis = _axis_read(index, reader)
     start, end = reader.attr("start"), reader.attr("end")
-    shape = shape_of(tensor) if shape_of is not None and seq is not None else None
+    known = any(seq is not None for seq in sequences)
+    shape = shape_of(tensor) if shape_of is not None and known else None
     if not shape:
         return True, axis if axis is not None or start is None else int(start)
-    lengths = [a for a, dim in enumerate(shape) if carries(dim, seq)]
+    lengths = [a for a, dim in enumerate(shape) if carries_any(dim, sequences)]
     if axis is not None:
         return axis % len(shape) in lengths, axis
     read = range(len(shape))[slice(start, end)]

@@ -20,7 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.baked import baked_lengths
-from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dim
+from shardcheck.analysis.detect import (
+    AttentionLayer,
+    detect_attention,
+    sequence_dim,
+    sequence_dims,
+)
 from shardcheck.analysis.elem_types import infer_elem_types
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError
@@ -164,9 +169,9 @@ def make_plan(
     ]
     sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
     scattered = [c.tensor for c in moved if c.role == "scatter"]
-    seq = sequence_dim(shapes, layers) if layers else None
+    sequences = sequence_dims(shapes, layers) if layers else ()
     blockers = find_blockers(
-        index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, seq
+        index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, sequences
     )
     return Plan(
         model=index.source,

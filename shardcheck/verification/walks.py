@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.axes import AxisMapper
-from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.ops import SHAPE_OPS
@@ -52,9 +52,8 @@ class AxesToMasks:
         if self.shapes is None:
             return {}
         if self._mapper is None:
-            self._mapper = AxisMapper(
-                self.index, self.shapes, sequence_dim(self.shapes, self.layers)
-            )
+            seq, *others = sequence_dims(self.shapes, self.layers)
+            self._mapper = AxisMapper(self.index, self.shapes, seq, others)
         mapper = self._mapper
         queue, seen = deque(starts), set(starts)
         reached: dict[str, set[int]] = {}

@@ -5,7 +5,9 @@ Each T5 layer reshapes its gathered context [B, H, Sq, D] to ``[B, -1, len(Q), D
 decoder layer's cross-attention). Cut before that Shape, every rank reads its slice's length
 where the data holds the whole query length, and the Reshape's -1 takes up the rest: the
 context comes out [1, 8, 4, 8] instead of [1, 4, 8, 8]. The cut belongs after it, at the Q
-entering the scores. gen's hints at 2 and 4 ranks and batch 2 are in
+entering the scores, or before the projection, where Q and the context are both slices; since
+the frontier follows the decoder's own length (``target``, issue 27), it is before: at the
+residual stream entering the layer. gen's hints at 2 and 4 ranks and batch 2 are in
 tests/generation/test_gen_real.py (ts_t5_tiny is in its shardable set).
 """
 
@@ -33,7 +35,13 @@ def test_the_last_cross_attention_is_cut_after_the_shape_its_context_is_reshaped
     shape_of_q = index.producer_of(f"{CROSS}/Shape_2_output_0")
     assert shape_of_q is not None and shape_of_q.inputs[0] == f"{CROSS}/Transpose_output_0"
     scattered = {t.name: t.seq_len_idx for t in generate(index, GenOptions()).hints.inputs}
-    assert scattered.get(f"{CROSS}/Mul_output_0") == 2  # [B, H, Sq, D]: the query axis
+    # Read by hand too: the Add of the layer before (self-attention's output added to the
+    # residual) is the layer norm's input, [B, Sq, 32]; Q is projected from the norm's output.
+    residual = "/model/decoder/block.1/layer.0/Add_output_0"
+    norm = index.producer_of("/model/decoder/block.1/layer.1/layer_norm/Cast_output_0")
+    assert norm is not None and norm.inputs[0] == residual
+    assert scattered.get(residual) == 1  # [B, Sq, 32]: the query axis
+    assert f"{CROSS}/Mul_output_0" not in scattered
     assert f"{CROSS}/Reshape_output_0" not in scattered
     assert f"{CROSS}/Transpose_output_0" not in scattered
 

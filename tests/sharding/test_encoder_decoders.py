@@ -1,0 +1,103 @@
+"""Encoder-decoders split on each of their sequence dims (issue 27).
+
+The decoder runs along a length of its own (``decoder_sequence``, ``target``); its
+cross-attention's keys are the encoder's. gen's default plan (the hints, plus the extension
+where gen writes one) runs at least 95% of the projection and MLP FLOPs on slices, counted here
+on the multi-device model ``shardcheck shard`` writes, independently of planning/; and it passes
+``verify --ranks 2`` and ``--ranks 4`` at batch 1 and 2 with the decoder at other lengths than
+the encoder, as do the Polygraphy-format hints beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import run_cli
+from test_lengths_real import REAL, default_plan
+
+from shardcheck import load_index
+from shardcheck.hints.files import read_hints
+from shardcheck.planning.plan import make_plan
+from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
+
+# Each export's decoder length (its decoder input's second dim, read in the graph inputs).
+DECODER_DIM = {
+    "ts_bart_seq2seq_tiny": "decoder_sequence",
+    "ts_t5_tiny": "target",
+    "dynamo_transformer_seq2seq": "target",
+}
+# The ops the shard's model computes lengths with: a Shape of a slice is no slice of data.
+LENGTH_OPS = frozenset(["Shape", "Size"])
+
+
+def projection_share_on_slices(multi_device: Path) -> float:
+    """The share of the projection and MLP FLOPs that run on slices in a multi-device model:
+    each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, the same number
+    of tokens for each at one length; it runs on slices when its data input is computed from a
+    reduce-scatter's output and no all-gather lies between them."""
+    graph = onnx.load(str(multi_device)).graph
+    weights = {init.name: list(init.dims) for init in graph.initializer}
+    sliced: set[str] = set()
+    on_slices = total = 0
+    for node in graph.node:  # in a topological order, as the shard writes them
+        if node.op_type == COLLECTIVE_OP:
+            operation = next(
+                a.s.decode() for a in node.attribute if a.name == "collective_operation"
+            )
+            if operation == REDUCE_SCATTER:
+                sliced.update(node.output)
+            continue
+        if node.op_type in LENGTH_OPS:
+            continue
+        reads_slice = any(name in sliced for name in node.input)
+        if reads_slice:
+            sliced.update(node.output)
+        if node.op_type in ("MatMul", "Gemm") and len(weights.get(node.input[1], ())) == 2:
+            rows, columns = weights[node.input[1]]
+            total += 2 * rows * columns
+            on_slices += 2 * rows * columns if node.input[0] in sliced else 0
+    assert total, "no projection found"
+    return on_slices / total
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_DIM))
+def test_the_default_plan_splits_the_encoder_and_the_decoder(name: str, tmp_path: Path) -> None:
+    hints, extension = default_plan(name, tmp_path)
+    plan_file = extension or hints
+    multi_device = tmp_path / "md.onnx"
+    result = run_cli("shard", REAL / f"{name}.onnx", plan_file, "-o", multi_device)
+    assert result.exit_code == 0, result.stderr
+    assert projection_share_on_slices(multi_device) >= 0.95
+    # planning/'s count (what gen and explain print) agrees.
+    plan = make_plan(load_index(REAL / f"{name}.onnx"), read_hints(plan_file))
+    assert plan.classes["projections"].share_on_slices >= 0.95
+
+
+def test_the_hints_alone_split_only_part_where_an_extension_is_written(tmp_path: Path) -> None:
+    # BART's Polygraphy-format cut sits after its positions (read off a slice's length): the
+    # count must tell the plans apart, or the test above would prove nothing of the extension.
+    hints, extension = default_plan("ts_bart_seq2seq_tiny", tmp_path)
+    assert extension is not None
+    multi_device = tmp_path / "md.onnx"
+    model = REAL / "ts_bart_seq2seq_tiny.onnx"
+    assert run_cli("shard", model, hints, "-o", multi_device).exit_code == 0
+    assert projection_share_on_slices(multi_device) < 0.95
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_DIM))
+@pytest.mark.parametrize("which", ["plan", "hints"])
+def test_the_plan_is_exact_with_the_decoder_at_its_own_lengths(
+    name: str, which: str, tmp_path: Path
+) -> None:
+    hints, extension = default_plan(name, tmp_path)
+    tested = (extension or hints) if which == "plan" else hints
+    for ranks in (2, 4):
+        for batch in (1, 2):
+            result = run_cli(
+                "verify", REAL / f"{name}.onnx", tested, "--ranks", ranks,
+                "--dim", f"batch={batch}", "--seq-lens", "8,16",
+                "--seq-len", f"{DECODER_DIM[name]}=12,24", "-q",
+            )  # fmt: skip
+            assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)
