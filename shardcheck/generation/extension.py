@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardcheck.analysis.baked import baked_lengths
-from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError, ShardcheckError
 from shardcheck.frontier.search import find_frontier
@@ -63,9 +63,10 @@ def extended_plan(
     rank's, or no more projection FLOPs on slices. Counted at the default length on the
     hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts. Where it is declined as not
     exact, ``declined`` gets why, naming the place, for gen to say."""
-    if baked_lengths(index, shapes, sequence_dim(shapes, layers)):
-        # A length traced into Reshapes cannot be given to a rank: the model runs at that
-        # length only, and the extension has nothing to give its nodes.
+    if any(baked_lengths(index, shapes, dim) for dim in sequence_dims(shapes, layers)):
+        # A length traced into Reshapes (of any sequence dim: an encoder-decoder's decoder's
+        # too) cannot be given to a rank: the model runs at that length only, and the
+        # extension has nothing to give its nodes.
         return None
     frontier = find_frontier(index, shapes, layers, lengths_by_reader=True)
     if len(frontier.warnings) > plain_warnings:
