@@ -447,6 +447,8 @@ def run_verify(entry: ModelEntry, hints: ShardHints, *, in_child: bool = False) 
         settings["ranks"] = entry.ranks
     if entry.seq_lens is not None:
         settings["seq_lens"] = entry.seq_lens
+    if entry.seq_len_of:
+        settings["seq_len_of"] = dict(entry.seq_len_of)
     settings.update(rtol=entry.rtol, atol=entry.atol)  # None: by the outputs' type
     try:
         report = verify_hints(

@@ -40,6 +40,7 @@ MODEL_KEYS = (
     "verify",
     "ranks",
     "seq-lens",
+    "seq-len",
     "rtol",
     "atol",
     "strict",
@@ -70,6 +71,9 @@ class ModelEntry:
     verify: bool = False
     ranks: int | None = None
     seq_lens: tuple[int, ...] | None = None
+    # A sequence dim's own lengths, one per run of seq_lens (verify's --seq-len NAME=L1,L2):
+    # an encoder-decoder's target beside its source.
+    seq_len_of: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # verify's simulation tolerances; None: by the outputs' element type.
     rtol: float | None = None
     atol: float | None = None
@@ -290,11 +294,13 @@ def _model(
         verify=verify,
         ranks=_ranks(raw, source, where),
         seq_lens=_seq_lens(raw, source, where),
+        seq_len_of=_own_lengths(raw, source, where),
         rtol=_tolerance(raw, "rtol", source, where),
         atol=_tolerance(raw, "atol", source, where),
         strict=_strict(raw, defaults["strict"], source, where),
         timeout=_timeout(raw, defaults["timeout"], source, where),
     )
+    _check_own_lengths(entry, source, where)
     _check_ranks_divide(entry, source, where)
     return entry
 
@@ -398,9 +404,61 @@ def _seq_lens(raw: Mapping[str, Any], source: Path, where: str) -> tuple[int, ..
     return tuple(seq_lens)
 
 
+def _own_lengths(
+    raw: Mapping[str, Any], source: Path, where: str
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``seq-len = { target = [4, 8] }``: each dim's own lengths, a list as seq-lens is (their
+    count is checked against seq-lens by ``_check_own_lengths``)."""
+    table = raw.get("seq-len")
+    if table is None:
+        return ()
+    if not isinstance(table, dict) or not table:
+        raise _error(
+            source,
+            f"{where}.seq-len",
+            "expected a table of sequence dims and their own lengths, e.g. "
+            f"{{ target = [4, 8] }}, got {shown(table)}",
+        )
+    for name, lengths in table.items():
+        if (
+            not isinstance(lengths, list)
+            or not all(is_integer(n) and n >= 1 for n in lengths)
+            or len(set(lengths)) != len(lengths)
+        ):
+            raise _error(
+                source,
+                f"{where}.seq-len.{name}",
+                f"expected a list of different integers >= 1, got {shown(lengths)}",
+            )
+    return tuple((name, tuple(lengths)) for name, lengths in table.items())
+
+
+def _check_own_lengths(entry: ModelEntry, source: Path, where: str) -> None:
+    """One own length per run of seq-lens, in its order: verify runs them together."""
+    seq_lens = entry.seq_lens or DEFAULT_SEQ_LENS
+    given = "" if entry.seq_lens else " (verify's default lengths)"
+    for name, lengths in entry.seq_len_of:
+        if len(lengths) != len(seq_lens):
+            raise _error(
+                source,
+                f"{where}.seq-len.{name}",
+                f"expected one length per run of seq-lens {shown(list(seq_lens))}{given}, "
+                f"{len(seq_lens)} in its order, got {shown(list(lengths))}",
+            )
+
+
 def _check_ranks_divide(entry: ModelEntry, source: Path, where: str) -> None:
     if entry.ranks is None:
         return
+    for name, lengths in entry.seq_len_of:
+        bad = [str(n) for n in lengths if n % entry.ranks]
+        if bad:
+            raise _error(
+                source,
+                f"{where}.seq-len.{name}",
+                f"{listed(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple of ranks "
+                f"({entry.ranks}): each rank gets an equal part of the sequence",
+            )
     seq_lens = entry.seq_lens or DEFAULT_SEQ_LENS
     bad = [str(n) for n in seq_lens if n % entry.ranks]
     if bad:

@@ -27,6 +27,7 @@ gen = { compat = "polygraphy", cp-type = "fused", groups = [0, 1], is_causal = t
 verify = true
 ranks = 2
 seq-lens = [4, 12]
+seq-len = { target = [2, 6], "memory.len" = [8, 10] }
 rtol = 1e-2
 atol = 0
 """
@@ -62,6 +63,10 @@ def test_two_models_with_defaults_and_options(tmp_path: Path) -> None:
     assert head.golden_path == tmp_path / "golden" / "attention_head.json"
     assert head.gen == GenOptions()
     assert (gpt2.name, gpt2.verify, gpt2.ranks, gpt2.seq_lens) == ("gpt2", True, 2, (4, 12))
+    # Each dim's own lengths, one per run of seq-lens; the dims' names are the model's, as
+    # written (no - for _ there).
+    assert head.seq_len_of == ()
+    assert gpt2.seq_len_of == (("target", (2, 6)), ("memory.len", (8, 10)))
     # Tolerances: None leaves them to verify (by the outputs' element type); an integer is a
     # float too.
     assert (head.rtol, head.atol, gpt2.rtol, gpt2.atol) == (None, None, 0.01, 0.0)
@@ -159,8 +164,8 @@ INVALID = {
     "unknown model key": (
         GOOD + model(path='"b.onnx"', golden='"b.json"', rank="2"),
         "tool.shardcheck.models[1].rank: unknown key "
-        "(known keys: name, path, golden, gen, verify, ranks, seq-lens, rtol, atol, strict, "
-        "timeout)",
+        "(known keys: name, path, golden, gen, verify, ranks, seq-lens, seq-len, rtol, atol, "
+        "strict, timeout)",
     ),
     "unknown top key": (
         'golden_directory = "golden"\n' + GOOD,
@@ -233,6 +238,65 @@ INVALID = {
         model(path='"a.onnx"', golden='"a.json"', ranks="3", **{"seq-lens": "[6, 8, 10]"}),
         "tool.shardcheck.models[0].seq-lens: 8 and 10 are not a multiple of ranks (3): each "
         "rank gets an equal part of the sequence",
+    ),
+    "seq-len not a table": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "[4, 8]"}),
+        "tool.shardcheck.models[0].seq-len: expected a table of sequence dims and their own "
+        "lengths, e.g. { target = [4, 8] }, got [4, 8]",
+    ),
+    "seq-len an empty table": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "{}"}),
+        "tool.shardcheck.models[0].seq-len: expected a table of sequence dims and their own "
+        "lengths, e.g. { target = [4, 8] }, got {}",
+    ),
+    "seq-len a length not a list": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "{ target = 4 }"}),
+        "tool.shardcheck.models[0].seq-len.target: expected a list of different integers >= 1, "
+        "got 4",
+    ),
+    "seq-len with a string": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": '{ target = [4, "8"] }'}),
+        "tool.shardcheck.models[0].seq-len.target: expected a list of different integers >= 1, "
+        'got [4, "8"]',
+    ),
+    "seq-len one length twice": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "{ target = [4, 4] }"}),
+        "tool.shardcheck.models[0].seq-len.target: expected a list of different integers >= 1, "
+        "got [4, 4]",
+    ),
+    "seq-len zero": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "{ target = [0, 4] }"}),
+        "tool.shardcheck.models[0].seq-len.target: expected a list of different integers >= 1, "
+        "got [0, 4]",
+    ),
+    # verify runs the dim's lengths with those of seq-lens, run by run.
+    "seq-len fewer lengths than seq-lens": (
+        model(
+            path='"a.onnx"',
+            golden='"a.json"',
+            **{"seq-lens": "[8, 16, 32]", "seq-len": "{ target = [4, 8] }"},
+        ),
+        "tool.shardcheck.models[0].seq-len.target: expected one length per run of seq-lens "
+        "[8, 16, 32], 3 in its order, got [4, 8]",
+    ),
+    "seq-len against verify's default lengths": (
+        model(path='"a.onnx"', golden='"a.json"', **{"seq-len": "{ target = [4, 8, 12] }"}),
+        "tool.shardcheck.models[0].seq-len.target: expected one length per run of seq-lens "
+        "[8, 16] (verify's default lengths), 2 in its order, got [4, 8, 12]",
+    ),
+    "seq-len not multiples of ranks": (
+        model(path='"a.onnx"', golden='"a.json"', ranks="2", **{"seq-len": "{ target = [3, 8] }"}),
+        "tool.shardcheck.models[0].seq-len.target: 3 is not a multiple of ranks (2): each rank "
+        "gets an equal part of the sequence",
+    ),
+    "seq-len in both spellings": (
+        model(
+            path='"a.onnx"',
+            golden='"a.json"',
+            seq_len="{ t = [4, 8] }",
+            **{"seq-len": "{ t = [4, 8] }"},
+        ),
+        "tool.shardcheck.models[0].seq-len: given twice (also as seq_len)",
     ),
     "name with a space": (
         model(name='"my model"', path='"a.onnx"', golden='"a.json"'),
