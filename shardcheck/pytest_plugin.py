@@ -302,15 +302,17 @@ class GenItem(_ModelItem):
 
 
 class VerifyItem(_ModelItem):
-    """Verify the model's generated hints (``shardcheck.verification.verify``)."""
+    """Verify the model's generated plan (``shardcheck.verification.verify``): its hints, and
+    the extension where gen writes one, as ``check --verify`` does."""
 
     def runtest(self) -> None:
+        from shardcheck.gating.extension_verify import failed_plans, failure_text
         from shardcheck.gating.gate import verify_model
 
         # In a child process: past the entry's timeout it is killed, and this session goes on.
-        outcome = verify_model(self.entry, in_child=True)
-        if not outcome.ok:
-            raise ShardcheckFailure(outcome.text)
+        hints, extension = verify_model(self.entry, in_child=True)
+        if failed_plans(hints, extension):
+            raise ShardcheckFailure(failure_text(self.entry, hints, extension))
 
 
 def _created(shown: str) -> str:

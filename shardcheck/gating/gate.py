@@ -24,10 +24,19 @@ from shardcheck.gating.extension_golden import (
     extension_json,
     extension_lines,
 )
+from shardcheck.gating.extension_verify import (
+    EXTENSION_PLAN,
+    extension_verify_lines,
+    extension_verify_note,
+    failed_plans,
+    verify_extension,
+    verify_json,
+)
 from shardcheck.gating.golden_files import may_replace, not_a_regular_file, remove_stale
 from shardcheck.gating.manifest import Manifest, ModelEntry
 from shardcheck.generation.generate import generate
 from shardcheck.generation.messages import code_of
+from shardcheck.generation.parts import GenResult
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.codec import dumps
 from shardcheck.hints.diff import Difference, diff_hints
@@ -88,12 +97,14 @@ class ModelResult:
     plan: PlanComparison | None = None  # the plan against its sidecar (planning/golden.py)
     # The extension gen writes beside the hints against its golden (extension_golden.py).
     extension: GoldenComparison | None = None
+    # verify of that extension (extension_verify.py): None where gen writes none or unasked.
+    extension_verify: VerifyOutcome | None = None
 
     @property
     def status(self) -> str:
         if self.error is not None or self.golden is None:
             return ERROR
-        if self.verify is not None and self.verify.error is not None:
+        if any(o is not None and o.error is not None for o in self._verify_outcomes()):
             return ERROR
         if not self.golden.ok:
             return self.golden.status
@@ -101,7 +112,7 @@ class ModelResult:
             return self.extension.status
         if self.plan is not None and not self.plan.ok:
             return DIFFERS  # the hints split the model less than the golden's
-        if self.verify is not None and not self.verify.ok:
+        if failed_plans(*self._verify_outcomes()):
             return FAILED
         if self.entry.strict and self.warnings:
             return WARNED
@@ -137,18 +148,27 @@ class ModelResult:
         details += [plan_line] if plan_line else []
         if self.verify is not None and not self.verify.ok and self.verify.error is None:
             details.extend(self.verify.text.splitlines())
+        details += extension_verify_lines(self.entry, self.extension_verify)
         return [headline, *(f"{INDENT}{line}" if line else "" for line in details)]
 
+    def _verify_outcomes(self) -> tuple[VerifyOutcome | None, VerifyOutcome | None]:
+        return self.verify, self.extension_verify
+
     def _held_back_why(self) -> str:
-        failed = self.verify is not None and self.verify.error is None
-        return "the hints fail verify" if failed else "verify could not run"
+        outcomes = [o for o in self._verify_outcomes() if o is not None]
+        if any(o.error is not None for o in outcomes):
+            return "verify could not run"
+        failed = failed_plans(*self._verify_outcomes())
+        verb = "fails" if failed == [EXTENSION_PLAN] else "fail"  # "the hints fail"
+        return f"the {' and the '.join(failed)} {verb} verify"
 
     def _verify_notes(self) -> list[str]:
         if self.verify is None:
             return []
         if self.verify.error is not None:
             return [f"verify: {self.verify.error}"]
-        return ["verified"] if self.verify.ok else ["verify failed"]
+        notes = ["verified"] if self.verify.ok else ["verify failed"]
+        return notes + extension_verify_note(self.entry, self.extension_verify)
 
     def to_json(self) -> dict[str, Any]:
         golden = self.golden
@@ -165,9 +185,7 @@ class ModelResult:
             "held_back": self.held_back,
             "plan": None if self.plan is None else self.plan.to_json(),
             "extension": extension_json(self.extension),
-            "verify": None
-            if self.verify is None
-            else {"ok": self.verify.ok, "error": self.verify.error, "report": self.verify.report},
+            "verify": verify_json(self.entry, self.verify, self.extension_verify),
         }
 
 
@@ -319,27 +337,33 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
         generated = generate(index, entry.gen)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message)
-    outcome = run_verify(entry, generated.hints, in_child=True) if verify and entry.verify else None
-    # Hints that fail verify are not made the golden, --update or not.
-    held_back = update and outcome is not None and not outcome.ok
+    outcome = ext_outcome = None
+    if verify and entry.verify:
+        outcome = run_verify(entry, generated.hints, in_child=True)
+        if outcome.error is None:  # verify cannot run on the model: the extension neither
+            ext_outcome = verify_extension(entry, _extended(generated), in_child=True)
+    # A plan that fails verify is not made the golden (nor any part of it), --update or not.
+    failed = bool(failed_plans(outcome, ext_outcome))
+    writes = update and not failed
     try:
-        golden = compare_with_golden(
-            generated.hints, entry.golden_path, update=update and not held_back
-        )
+        golden = compare_with_golden(generated.hints, entry.golden_path, update=writes)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message, warnings=generated.warnings)
-    held_back = held_back and golden.status != OK
     # gen's default plan: the extension where it writes one, else the hints.
-    extended = None if generated.extension is None else generated.extension.hints
+    extended = _extended(generated)
     try:
-        extension = compare_extension(extended, entry.golden_path, update=update and not held_back)
+        extension = compare_extension(extended, entry.golden_path, update=writes)
     except ShardcheckError as exc:
         return ModelResult(entry, error=exc.message, warnings=generated.warnings)
+    # Held back: a golden that --update would have written.
+    held_back = (update and failed) and (
+        golden.status != OK or (extension is not None and extension.status != OK)
+    )
     plan = compare_plan(
         index,
         extended or generated.hints,
         entry.golden_path,
-        update=update and not held_back,
+        update=writes,
         golden_written=golden.status in _WROTE
         or (extension is not None and extension.status in _WROTE),
     )
@@ -351,14 +375,25 @@ def check_model(entry: ModelEntry, *, update: bool = False, verify: bool = False
         held_back=held_back,
         plan=plan,
         extension=extension,
+        extension_verify=ext_outcome,
     )
 
 
-def verify_model(entry: ModelEntry, *, in_child: bool = False) -> VerifyOutcome:
-    """Generate ``entry``'s hints and verify them; InputError if the model is unusable.
-    ``in_child``: as ``run_verify``."""
-    hints = generate(load_index(entry.model_path), entry.gen).hints
-    return run_verify(entry, hints, in_child=in_child)
+def _extended(generated: GenResult) -> ShardHints | None:
+    """The extension gen wrote (its hints, with their lengths), or None."""
+    return None if generated.extension is None else generated.extension.hints
+
+
+def verify_model(
+    entry: ModelEntry, *, in_child: bool = False
+) -> tuple[VerifyOutcome, VerifyOutcome | None]:
+    """Generate ``entry``'s plan and verify it: the hints, and the extension where gen writes
+    one (None otherwise); InputError if the model is unusable. ``in_child``: as ``run_verify``."""
+    generated = generate(load_index(entry.model_path), entry.gen)
+    hints = run_verify(entry, generated.hints, in_child=in_child)
+    if hints.error is not None:
+        return hints, None
+    return hints, verify_extension(entry, _extended(generated), in_child=in_child)
 
 
 def compare_with_golden(
@@ -436,11 +471,18 @@ def looks_like_a_golden(manifest: Manifest, path: Path) -> bool:
     return not any(part.startswith(".") for part in parts)
 
 
-def run_verify(entry: ModelEntry, hints: ShardHints, *, in_child: bool = False) -> VerifyOutcome:
+def run_verify(
+    entry: ModelEntry,
+    hints: ShardHints,
+    *,
+    in_child: bool = False,
+    source: str = "the hints gen writes",
+) -> VerifyOutcome:
     """The one place that calls verify (imported only when asked for). ``in_child``: in a
     child process killed past the entry's timeout, even within one long kernel, as check and
     the pytest plugin verify (their process must go on to the next model); the child is
-    forked where that is safe, so it costs little (runtime/supervised.py)."""
+    forked where that is safe, so it costs little (runtime/supervised.py). ``source``: what
+    verify's report calls ``hints``."""
     verify_hints = _load_verify("verify_in_child" if in_child else "verify")
     settings: dict[str, Any] = {}
     if entry.ranks is not None:
@@ -454,7 +496,7 @@ def run_verify(entry: ModelEntry, hints: ShardHints, *, in_child: bool = False) 
         report = verify_hints(
             str(entry.model_path),
             hints,
-            hints_source="the hints gen writes",
+            hints_source=source,
             timeout=entry.timeout,
             **settings,
         )
