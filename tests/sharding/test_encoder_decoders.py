@@ -18,6 +18,7 @@ from conftest import run_cli
 from test_lengths_real import REAL, default_plan
 
 from shardcheck import load_index
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.hints.files import read_hints
 from shardcheck.planning.plan import make_plan
 from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
@@ -101,3 +102,25 @@ def test_the_plan_is_exact_with_the_decoder_at_its_own_lengths(
                 "--seq-len", f"{DECODER_DIM[name]}=12,24", "-q",
             )  # fmt: skip
             assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_DIM))
+def test_polygraphy_loads_and_shards_the_hints_that_now_cut_the_decoder(
+    name: str, tmp_path: Path
+) -> None:
+    multi_device = pytest.importorskip("polygraphy.tools.multi_device")
+    tools = pytest.importorskip("polygraphy.tools")
+    hints, _ = default_plan(name, tmp_path)
+    # The decoder's stream [batch, length, hidden] is scattered along its own length, before
+    # its projections (the hints cut only inside its layers, at rank 4, before issue 27).
+    index = load_index(REAL / f"{name}.onnx")
+    shapes = ShapeInference(index)
+    streams = [t for t in read_hints(hints).inputs if t.rank == 3]
+    assert DECODER_DIM[name] in {shapes.shape(t.name)[t.seq_len_idx] for t in streams}  # type: ignore[index]
+    loaded = multi_device.ShardHints.load(str(hints))
+    assert [t.name for t in loaded.inputs] == [t.name for t in read_hints(hints).inputs]
+    out = tmp_path / "polygraphy.onnx"
+    model = REAL / f"{name}.onnx"
+    code = tools.main(["multi-device", "shard", str(model), "-s", str(hints), "-o", str(out)])
+    assert code in (0, None)
+    assert out.exists()
