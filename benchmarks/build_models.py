@@ -462,29 +462,36 @@ def big_config(target_gb: float) -> EncoderConfig:
     return EncoderConfig(depth=depth, kind="export", hidden=hidden, heads=16, ffn=ffn)
 
 
-def ensure_big(out: Path, target_gb: float = 1.0, *, force: bool = False) -> BuiltModel:
-    """The model with external weights: ``big/model.onnx`` + ``big/weights.bin``."""
+def ensure_big(
+    out: Path, target_gb: float = 1.0, *, force: bool = False, inline: bool = False
+) -> BuiltModel:
+    """The model with external weights: ``big/model.onnx`` + ``big/weights.bin``; with
+    ``inline``, the same encoder with its weights inside the file, ``big-inline/model.onnx``
+    (protobuf's 2 GiB cap holds it: at most 10 layers)."""
     config = big_config(target_gb)
-    name = "big-external"
+    name = "big-inline" if inline else "big-external"
     params = {"version": GENERATOR_VERSION, "target_gb": target_gb, **asdict(config)}
     manifest = _read_manifest(out)
     cached = None if force else _cached(manifest, name, params)
     if cached is not None:
         return cached
     started = time.perf_counter()
-    directory = out / "big"
+    directory = out / ("big-inline" if inline else "big")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "model.onnx"
     weights = directory / "weights.bin"
     weights.unlink(missing_ok=True)
     model = build_encoder(config)
-    onnx.save(
-        model,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=weights.name,
-    )
+    if inline:
+        onnx.save(model, str(path))
+    else:
+        onnx.save(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=weights.name,
+        )
     del model
     built = BuiltModel(
         name=name,
@@ -493,13 +500,14 @@ def ensure_big(out: Path, target_gb: float = 1.0, *, force: bool = False) -> Bui
         path=path,
         nodes=len(onnx.load(str(path), load_external_data=False).graph.node),
         file_bytes=path.stat().st_size,
-        external_bytes=weights.stat().st_size,
-        external_file=weights,
+        external_bytes=0 if inline else weights.stat().st_size,
+        external_file=None if inline else weights,
     )
     _record(out, name, params, built)
     _log(
-        f"built {path} + {weights.name} ({built.external_bytes / 1e9:.2f} GB, "
-        f"{built.nodes} nodes) in {time.perf_counter() - started:.1f} s"
+        f"built {path}{'' if inline else ' + ' + weights.name} "
+        f"({(built.external_bytes or built.file_bytes) / 1e9:.2f} GB, {built.nodes} nodes) "
+        f"in {time.perf_counter() - started:.1f} s"
     )
     return built
 
