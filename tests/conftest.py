@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -37,6 +42,31 @@ def cli_runner() -> CliRunner:
 def run_cli(*args: str) -> Result:
     """Run the shardcheck CLI in-process; stdout and stderr are kept apart."""
     return cli_runner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def run_script(script: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``python -c script ARGS`` from the repository (a CLI run with something patched in, in
+    a process of its own: a crash there, SIGBUS, cannot take pytest down); output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *(str(a) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+@functools.cache
+def benchmark_models() -> ModuleType:
+    """The benchmark's model builder, benchmarks/build_models.py (not a package tests import)."""
+    spec = importlib.util.spec_from_file_location(
+        "shardcheck_bench_models", ROOT / "benchmarks" / "build_models.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def sorted_io(document: dict[str, Any]) -> dict[str, Any]:

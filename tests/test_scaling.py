@@ -6,13 +6,11 @@ the layout of K, which cycles through three kinds from block to block.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import benchmark_models
 
 from shardcheck import load_index
 from shardcheck.analysis import shapes as shapes_module
@@ -23,18 +21,6 @@ from shardcheck.graph.index import Node
 from shardcheck.simulation.plan import Stage
 from shardcheck.simulation.simulate import Simulation
 
-BUILDER = Path(__file__).resolve().parent.parent / "benchmarks" / "build_models.py"
-
-
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("shardcheck_bench_models", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 Encoder = Callable[[str, int], Path]
 
 
@@ -42,7 +28,7 @@ Encoder = Callable[[str, int], Path]
 def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     import onnx
 
-    builder = _builder()
+    builder = benchmark_models()
     directory = tmp_path_factory.mktemp("encoders")
 
     def build(kind: str, depth: int) -> Path:

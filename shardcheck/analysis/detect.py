@@ -27,7 +27,6 @@ from shardcheck.graph.ops import (
     FusedAttentionInputs,
     fused_attention_inputs,
 )
-from shardcheck.graph.tensors import raw_values
 
 if TYPE_CHECKING:
     import numpy as np
@@ -518,7 +517,7 @@ def _may_be_triangular_constant(index: GraphIndex, tensor: str) -> bool:
     dims = tuple(proto.dims)
     if not _could_be_triangular(dims):
         return False
-    head = raw_values(proto, dims[-1])
+    head = index.raw_values(proto, dims[-1])
     return head is None or all(v == 0 for v in head[1:])
 
 
@@ -528,7 +527,7 @@ def _is_triangular_constant(index: GraphIndex, tensor: str) -> bool:
     proto = index.constant_tensor(tensor)
     if proto is not None:
         rows, columns = int(proto.dims[-2]), int(proto.dims[-1])
-        values = raw_values(proto, rows * columns)
+        values = index.raw_values(proto, rows * columns)
         if values is not None:
             return _is_triangular_matrix(values, columns)
     value = index.constant_value(tensor)

@@ -44,7 +44,7 @@ def shard(model: str, hints: str, output: str, output_format: str) -> int:
     # The weight files are copied or referred to as they are: a truncated one is refused.
     check_weight_files(index, model)
     sharded = shard_model(index, read_hints(hints), hints_source=hints)
-    save_sharded_model(sharded.model, source=model, output=output)
+    save_sharded_model(sharded.model, source=model, output=output, lent=index.lent_weights)
     if output_format == "json":
         collectives = sorted(sharded.tails.values(), key=lambda tail: tail.collective_node)
         echo_json(

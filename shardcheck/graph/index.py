@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from shardcheck.graph.inline_weights import LentWeights
+
 Dim = int | str | None
 Shape = tuple[Dim, ...]
 
@@ -134,9 +136,13 @@ class GraphIndex:
         source: str = "<model>",
         *,
         external_tensors: Callable[[], list[onnx.TensorProto]] | None = None,
+        lent_weights: LentWeights | None = None,
     ) -> None:
         self.model = model
         self.source = source
+        # The large inline weights the model marks external, left in the model file's mapping
+        # (inline_weights.py): None when the loader left none there.
+        self.lent_weights = lent_weights
         # How the loader finds (or has found) the external tensors of the model, if it does.
         self._find_external_tensors = external_tensors
         self._external_tensors: list[onnx.TensorProto] | None = None
@@ -319,6 +325,16 @@ class GraphIndex:
             value = np.array(full_onnx().helper.get_attribute_value(source))
         self._constant_cache[tensor] = value
         return value
+
+    def raw_values(
+        self, proto: onnx.TensorProto, count: int, *, whole: bool = False
+    ) -> tuple[Any, ...] | None:
+        """``tensors.raw_values`` of one of the model's tensors, a large inline weight read
+        where it lies in the model file."""
+        lent = self.lent_weights
+        if lent is not None and lent.lends(proto):
+            return raw_values(proto, count, whole=whole, raw=lent.data(proto.name, self.source))
+        return raw_values(proto, count, whole=whole)
 
     def constant_ndim(self, tensor: str) -> int | None:
         """``constant_value(tensor).ndim``, or None where that is None, without reading data."""

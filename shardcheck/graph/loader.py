@@ -6,7 +6,10 @@ refused before anything else (verify or shard) would follow the path: the initia
 file is parsed, those in node attributes (a Constant's) by the walk over the nodes, made when
 first needed (by the check, or when the external tensors are asked for).
 
-The file is read once: the bytes are parsed, and the same bytes are given to ``onnx.checker``
+A model file with large inline weights is parsed without them: they stay in the file's one
+read-only mapping, and the parsed model marks them external, in the file itself
+(inline_weights.py). Otherwise the file is read once: the bytes are parsed, and the same bytes
+are given to ``onnx.checker``
 (``check_model(model)`` would serialize the whole model, weights included, only for the checker
 to parse it again). A model with external data is checked with each external tensor replaced by
 an empty stand-in: the checker would otherwise look for the data file relative to the current
@@ -27,6 +30,7 @@ from shardcheck.errors import InputError, ModelError
 from shardcheck.fsio import nothing_read, why_unreadable
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
+from shardcheck.graph.inline_weights import LentWeights, parse_lending
 from shardcheck.graph.protos import full_onnx
 from shardcheck.graph.tensors import (
     attribute_tensors,
@@ -81,7 +85,10 @@ def check_weight_files(index: GraphIndex, path: str | os.PathLike[str]) -> None:
     that refers to them; gen never calls this. The files are looked at, not read."""
     base = weights_dir(path)
     sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file)
+    lent = index.lent_weights
     for tensor in index.external_tensors():
+        if lent is not None and lent.lends(tensor):
+            continue  # in the model file itself, checked as it is read (mapped_files.py)
         entries = {entry.key: entry.value for entry in tensor.external_data}
         location = entries.get("location", "")
         if location not in sizes:
@@ -116,7 +123,12 @@ def load_index(path: str | os.PathLike[str]) -> GraphIndex:
 def index_parsed(parsed: ParsedModel) -> GraphIndex:
     """The index of a parsed model, with the external weight files the parse finds (looked
     for when first asked)."""
-    return GraphIndex(parsed.model, source=parsed.source, external_tensors=parsed.external_tensors)
+    return GraphIndex(
+        parsed.model,
+        source=parsed.source,
+        external_tensors=parsed.external_tensors,
+        lent_weights=parsed.lent_weights,
+    )
 
 
 class ParsedModel:
@@ -135,8 +147,11 @@ class ParsedModel:
         file: Path,
         content: bytes | None,
         initializers: _InitializerScan,
+        lent_weights: LentWeights | None = None,
     ) -> None:
         self.model = model
+        # The large inline weights the model marks external, left in the file's mapping.
+        self.lent_weights = lent_weights
         self.source = source
         self._file = file
         self._content = content
@@ -231,14 +246,23 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
     problem = why_unreadable(file, "an ONNX model file")
     if problem:
         raise ModelError(f"{source}: {problem}")
+    content: bytes | None = None
+    lent: LentWeights | None = None
     try:
-        # Read, never mapped: a mapped file truncated while it is parsed kills the process
-        # (SIGBUS), with no message; a file read is whatever it held when read. A pipe
-        # (``<(...)``) is read to its end.
-        content = file.read_bytes()
-        if not content:
-            raise ModelError(f"{source}: {nothing_read(file, 'an ONNX model')}")
-        model_format, model = _deserialize(file, content)
+        # A protobuf file with large inline weights is mapped, and its weights are read from
+        # the mapping (see inline_weights.py); the mapping is made only after its size is
+        # known, but one truncated while mapped kills the process (SIGBUS), as an external
+        # weight file does.
+        lending = parse_lending(file) if file.suffix == ".onnx" else None
+        if lending is not None:
+            model_format, (model, lent) = _PROTOBUF, lending
+        else:
+            # Read: a file read is whatever it held when read. A pipe (``<(...)``) is read to
+            # its end.
+            content = file.read_bytes()
+            if not content:
+                raise ModelError(f"{source}: {nothing_read(file, 'an ONNX model')}")
+            model_format, model = _deserialize(file, content)
     except ModelError:
         raise
     except PermissionError:
@@ -256,7 +280,7 @@ def parse_model(path: str | os.PathLike[str]) -> ParsedModel:
     _check_external_tensors(initializers.external, file)
     # The bytes are kept for the checker and onnxruntime only if they are all the model is.
     kept = content if model_format == _PROTOBUF and not initializers.external else None
-    return ParsedModel(model, source, file, kept, initializers)
+    return ParsedModel(model, source, file, kept, initializers, lent)
 
 
 def _densify_sparse_initializers(model: onnx.ModelProto) -> None:

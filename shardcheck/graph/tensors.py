@@ -66,23 +66,26 @@ def _raw_dtypes() -> dict[int, np.dtype[Any]]:
 
 
 def raw_values(
-    tensor: onnx.TensorProto, count: int, *, whole: bool = False
+    tensor: onnx.TensorProto,
+    count: int,
+    *,
+    whole: bool = False,
+    raw: bytes | memoryview | None = None,
 ) -> tuple[Any, ...] | None:
     """The first ``count`` values of an inline tensor stored as little-endian raw_data, read
     with struct (no numpy, nor the rest of the data); with ``whole``, only when the tensor
-    holds exactly ``count``. None when it is stored otherwise."""
+    holds exactly ``count``. None when it is stored otherwise. ``raw``: the tensor's data
+    bytes, where they are not in the proto (GraphIndex.raw_values)."""
     code = _STRUCT_CODES.get(tensor.data_type)
-    if (
-        code is None
-        or not _LITTLE_ENDIAN
-        or tensor.data_location == _EXTERNAL
-        or not tensor.HasField("raw_data")
-    ):
+    if code is None or not _LITTLE_ENDIAN:
         return None
+    if raw is None:
+        if tensor.data_location == _EXTERNAL or not tensor.HasField("raw_data"):
+            return None
+        raw = tensor.raw_data
     layout = _LAYOUTS.get((count, code))
     if layout is None:
         layout = _LAYOUTS[count, code] = struct.Struct(f"<{count}{code}")
-    raw = tensor.raw_data
     if len(raw) < layout.size or (whole and len(raw) != layout.size):
         return None
     return layout.unpack_from(raw)

@@ -11,14 +11,21 @@ import onnx
 
 from shardcheck.errors import InputError, OutputError
 from shardcheck.fsio import atomic_write_bytes, atomic_write_with, open_stream, output_target
+from shardcheck.graph.inline_weights import LentWeights
 from shardcheck.graph.loader import weights_dir
 from shardcheck.graph.tensors import external_locations
 
 
 def save_sharded_model(
-    model: onnx.ModelProto, *, source: str | os.PathLike[str], output: str | os.PathLike[str]
+    model: onnx.ModelProto,
+    *,
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    lent: LentWeights | None = None,
 ) -> list[Path]:
-    """Write ``model`` to ``output``; its external weight files stay usable.
+    """Write ``model`` to ``output``; its external weight files stay usable. ``lent``: the
+    source's inline weights that the parsed model (and so ``model``) marks external, which go
+    back inside ``model`` as the source has them.
 
     The model keeps the external-data locations of ``source`` (relative to the model file).
     When ``output`` is in another directory, each weight file is copied there (not hard-linked:
@@ -29,6 +36,8 @@ def save_sharded_model(
     # Refuse a bad output path before a weight file is copied next to it.
     output_path, output_dir = output_target(output)
     output_dir = output_dir.resolve()
+    if lent is not None:
+        lent.inlined(model, str(source))
     _refuse_weight_location(model, output_path, output_dir, source_dir)
     copied: list[Path] = []
     try:

@@ -14,11 +14,9 @@ import functools
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from shardcheck.analysis.detect import detect_attention, gathered_by_q
 from shardcheck.analysis.shapes import ShapeInference
@@ -40,7 +38,6 @@ from shardcheck.runtime.settings import (
 )
 from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
 from shardcheck.runtime.supervised import watched_run
-from shardcheck.runtime.weights import inline_as_external, light_model
 from shardcheck.sharding.rewrite import shard_model
 from shardcheck.simulation.collectives import refuse_bad_group
 from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
@@ -195,7 +192,6 @@ class Simulation:
         self.ranks = ranks
         self._single_device: Any = None
         self._single_device_making: InBackground[Any] | None = None
-        self._inline: dict[str, onnx.TensorProto] | None = None  # inline_as_external's
         try:
             self._prepare(model_path, hints, ranks, index, layers, shapes, hints_source)
         except Exception:
@@ -239,11 +235,7 @@ class Simulation:
         sharded = shard_model(index, hints, layers, hints_source=hints_source, shapes=shapes)
         # The model as the file has it: the sessions share its weights (runtime/weights.py).
         self.model = index.model
-        if self._inline is None:
-            self._inline = inline_as_external(index.model, Path(model_path).resolve())
-        self.simulator = RankSimulator(
-            sharded, self.model, ranks, self.weights_dir, inline=self._inline
-        )
+        self.simulator = RankSimulator(sharded, self.model, ranks, self.weights_dir)
 
     def _load(self, model_path: str | os.PathLike[str]) -> GraphIndex:
         """The model's index. The session of the single-device run (the reference, unless
@@ -253,17 +245,14 @@ class Simulation:
         index = index_parsed(parsed)
         refuse_oversized_weights(index)
         check_weight_files(index, model_path)
-        self._inline = inline = inline_as_external(index.model, Path(model_path).resolve())
         self._single_device_making = InBackground(
             "shardcheck-single-device",
             functools.partial(
                 make_session,
-                initializers=[inline.get(name, t) for name, t in index.initializers.items()],
+                initializers=list(index.initializers.values()),
                 source=index.source,
             ),
-            light_model(index.model, inline)
-            if inline
-            else parsed.serialized or index.model.SerializeToString(),
+            parsed.serialized or index.model.SerializeToString(),
             weights_dir(model_path),
         )
         parsed.check()
@@ -369,12 +358,7 @@ class Simulation:
                 self._single_device = (
                     making.result()
                     if making is not None
-                    else make_session(
-                        light_model(self.model, self._inline or {}),
-                        self.weights_dir,
-                        initializers=self.simulator.weights.values(),
-                        source=self.index.source,
-                    )
+                    else make_session(self.model, self.weights_dir, source=self.index.source)
                 )
             with watched_run("the simulation's single-device run"):
                 values = self._single_device.run(names, dict(feeds))

@@ -37,9 +37,7 @@ class RankSimulator:
     ``weights`` is the single-device model: stages take their initializers, opsets and
     functions from it; ``weights_dir`` is where its external weight files are (see
     ``sessions.make_session``). ``share_forms``: stages of one form run on one session (else each
-    on its own); ``ahead_workers``: how many threads make the stages' sessions ahead;
-    ``inline``: large inline weights as external tensors of the model file itself, which the
-    stages read instead (``weights.inline_as_external``).
+    on its own); ``ahead_workers``: how many threads make the stages' sessions ahead.
     """
 
     def __init__(
@@ -51,13 +49,11 @@ class RankSimulator:
         *,
         share_forms: bool = True,
         ahead_workers: int = AHEAD_WORKERS,
-        inline: Mapping[str, onnx.TensorProto] | None = None,
     ) -> None:
         self.sharded = sharded
         self.ranks = ranks
         self.weights_dir = weights_dir
         self.weights = {tensor.name: tensor for tensor in weights.graph.initializer}
-        self.weights.update(inline or {})
         graph = sharded.model.graph
         self.nodes, reads = toposorted(graph)
         self.producers = {name: node for node in self.nodes for name in node.output}

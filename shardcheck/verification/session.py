@@ -17,7 +17,6 @@ from shardcheck.graph.loader import check_weight_files, weights_dir
 from shardcheck.runtime.background import InBackground
 from shardcheck.runtime.sessions import RunTimedOut, error_text, make_session, run_session
 from shardcheck.runtime.supervised import watched_run
-from shardcheck.runtime.weights import inline_as_external, light_model
 
 Progress = Callable[[str], None]
 # onnxruntime's messages can run to a dump of the graph; a finding quotes the start.
@@ -43,10 +42,6 @@ class PendingSession:
         self.watched = watched
         extra = [name for name in watched if name not in index.graph_inputs]
         check_weight_files(index, model_path)
-        # Large inline weights are lent to onnxruntime from the model file's mapping.
-        inline = inline_as_external(index.model, Path(model_path).resolve())
-        if inline:
-            serialized = light_model(index.model, inline)
         model = serialized_with_outputs(index, extra, serialized)
         self._making = InBackground(
             "shardcheck-session",
@@ -54,7 +49,7 @@ class PendingSession:
             model,
             weights_dir(model_path),
             index.source,
-            [inline.get(name, tensor) for name, tensor in index.initializers.items()],
+            list(index.initializers.values()),
         )
 
     def settle(self) -> None:

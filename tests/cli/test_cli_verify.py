@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
 import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, ROOT, run_cli
+from conftest import FIXTURES, GOLDEN, benchmark_models, run_cli
 
 GPT2 = FIXTURES / "real" / "ts_gpt2_tiny.onnx"
 # Its golden hints: verify warns twice of them, SC110 (both layers match neither of
@@ -22,13 +20,7 @@ GPT2_HINTS = GOLDEN / "real" / "ts_gpt2_tiny.json"
 @pytest.fixture(scope="module")
 def deep_encoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The benchmark's 96-layer encoder (small widths) and its hints from gen."""
-    spec = importlib.util.spec_from_file_location(
-        "shardcheck_bench_models", ROOT / "benchmarks" / "build_models.py"
-    )
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = builder  # its dataclasses look their module up
-    spec.loader.exec_module(builder)
+    builder = benchmark_models()
     directory = tmp_path_factory.mktemp("deep")
     model, hints = directory / "export96.onnx", directory / "export96.json"
     config = builder.EncoderConfig(depth=96, kind="export", hidden=16, heads=2, ffn=32)

@@ -4,25 +4,18 @@ of one line, exit 2, before anything is mapped past its end (which would be SIGB
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, run_cli, run_script
 from onnx import numpy_helper
 
 from shardcheck.errors import InputError
 from shardcheck.runtime.sessions import make_session
-from shardcheck.runtime.weights import (
-    external_weight,
-    inline_as_external,
-    is_external,
-    light_model,
-)
+from shardcheck.runtime.weights import external_weight, is_external
 
 MODEL = FIXTURES / "attention_head.onnx"
 HINTS = ROOT / "golden" / "attention_head.json"
@@ -128,74 +121,8 @@ def test_a_weight_file_that_shrinks_after_the_check_is_one_error_line(
     """Not SIGBUS (exit -7, nothing said): the mapping checks the size of the file it maps."""
     path = _external_copy(tmp_path)
     script = textwrap.dedent(_SHRINK_AFTER_THE_CHECK.format(data=DATA))
-    done = subprocess.run(
-        [sys.executable, "-c", script, command, str(path), str(HINTS), *RUN[command]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_script(script, command, path, HINTS, *RUN[command])
     lines = done.stderr.splitlines()
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"shardcheck: error: {path}: "), lines
     assert "now has" in lines[0] and "the weight file is incomplete" in lines[0], lines[0]
-
-
-def _inline_model(directory: Path) -> tuple[Path, np.ndarray]:
-    """x [2, 512] @ W [512, 512] + b: W is 1 MiB inline (shared), b is small (left inline)."""
-    rng = np.random.default_rng(7)
-    weight = rng.standard_normal((512, 512)).astype(np.float32)
-    graph = onnx.helper.make_graph(
-        [
-            onnx.helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
-            onnx.helper.make_node("Add", ["h", "b"], ["y"], name="add"),
-        ],
-        "inline",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 512])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 512])],
-        [
-            numpy_helper.from_array(weight, "W"),
-            numpy_helper.from_array(np.ones(512, np.float32), "b"),
-        ],
-    )
-    model = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8
-    )
-    path = directory / "inline.onnx"
-    onnx.save(model, path)
-    return path, weight
-
-
-def test_a_large_inline_weight_is_read_from_where_it_lies_in_the_model_file(
-    tmp_path: Path,
-) -> None:
-    path, weight = _inline_model(tmp_path)
-    model = onnx.load(path)
-    placeholders = inline_as_external(model, path)
-    assert set(placeholders) == {"W"}  # b is under INLINE_SHARED_BYTES
-    entries = {e.key: e.value for e in placeholders["W"].external_data}
-    # Where the weight's bytes are in the file, found without the wire format.
-    assert int(entries["offset"]) == path.read_bytes().find(weight.tobytes())
-    assert entries["location"] == path.name and int(entries["length"]) == weight.nbytes
-    mapped = external_weight(placeholders["W"], tmp_path)
-    assert mapped is not None
-    np.testing.assert_array_equal(mapped, weight)
-
-
-def test_a_session_lent_the_inline_weight_computes_what_the_model_computes(
-    tmp_path: Path,
-) -> None:
-    """The light model holds W's name, type and dims only; the session reads W from the file
-    mapping, and computes x @ W + b."""
-    path, weight = _inline_model(tmp_path)
-    model = onnx.load(path)
-    placeholders = inline_as_external(model, path)
-    light = light_model(model, placeholders)
-    assert len(light) < weight.nbytes // 100
-    tensors = [placeholders.get(t.name, t) for t in model.graph.initializer]
-    lent = make_session(light, tmp_path, initializers=tensors)
-    assert set(lent.shardcheck_weights) == {"W"}
-    x = np.random.default_rng(8).standard_normal((2, 512)).astype(np.float32)
-    (got,) = lent.run(None, {"x": x})
-    # Not prepacked (the lent weight cannot be freed), so rounded unlike a prepacked run.
-    np.testing.assert_allclose(got, x @ weight + 1.0, rtol=1e-5, atol=1e-4)
