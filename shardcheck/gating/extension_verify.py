@@ -59,10 +59,17 @@ def extension_verify_lines(entry: ModelEntry, extension: VerifyOutcome | None) -
     if extension is None or extension.ok or extension.error is not None:
         return []
     return [
-        f"extension {extension_text(entry)}: fails verify: the multi-device model that "
-        "'shardcheck shard' writes from it does not give the single-device result",
+        f"extension {extension_text(entry)} (the plan 'shardcheck shard' carries out): fails "
+        f"verify: {_failing_checks(extension)}",
         *extension.text.splitlines(),
     ]
+
+
+def _failing_checks(outcome: VerifyOutcome) -> str:
+    """``SC201 simulated CP differs from single device``: the checks that fail, by code."""
+    findings = (outcome.report or {}).get("findings", [])
+    failing = sorted({(f["code"], f["check"]) for f in findings if f["level"] == "error"})
+    return ", ".join(f"{code} {check}" for code, check in failing) or "see its report"
 
 
 def verify_json(

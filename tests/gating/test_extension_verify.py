@@ -134,8 +134,8 @@ def test_a_golden_with_a_broken_extension_fails_check_verify_naming_it(
     lines = result.stdout.splitlines()
     assert lines[0] == f"FAILED   {NAME} (verified; the extension fails verify)"
     assert lines[1] == (
-        f"    extension {EXTENSION_TEXT}: fails verify: the multi-device model that "
-        "'shardcheck shard' writes from it does not give the single-device result"
+        f"    extension {EXTENSION_TEXT} (the plan 'shardcheck shard' carries out): fails "
+        "verify: SC201 simulated CP differs from single device"
     )
     assert lines[2] == (
         f"    verify {tmp_path / 'model.onnx'} with the extension gen writes "
@@ -238,8 +238,8 @@ def test_the_plugin_verify_item_fails_on_the_extension_as_check_does(
     output = result.stdout.str()
     assert f"{NAME}::verify" in output and "Traceback" not in output
     assert (
-        f"extension {EXTENSION_TEXT}: fails verify: the multi-device model that 'shardcheck "
-        "shard' writes from it does not give the single-device result"
+        f"extension {EXTENSION_TEXT} (the plan 'shardcheck shard' carries out): fails verify: "
+        "SC201 simulated CP differs from single device"
     ) in output
     assert f"with the extension gen writes (golden {EXTENSION_TEXT})" in output
     assert "SC201 error: mismatch" in output
