@@ -79,6 +79,10 @@ class ShapeInference:
         self._results: dict[tuple[object, ...], tuple[list[TensorInfo] | None, bool]] = {}
         for node in index.nodes:
             self._infer(node)
+        # Not kept past the pass: a rule that holds what holds this inference (a bound method
+        # of its owner) would make a cycle, which the collector, paused for the analyses,
+        # would not free before the exit.
+        self._extra_rules = {}
 
     def shape(self, tensor: str) -> Shape | None:
         info = self.info.get(tensor)

@@ -21,7 +21,8 @@ from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
 
 if TYPE_CHECKING:
-    from shardcheck.planning.plan import Plan
+    from shardcheck.planning.plan import FlopCount
+    from shardcheck.sharding.rewrite import ShardedModel
 
 # Positions per rank of the length the plans are counted at when the default one is too long.
 FALLBACK_POSITIONS = 8
@@ -35,7 +36,7 @@ class PlanShares:
     flops: float
 
     @classmethod
-    def of(cls, plan: Plan) -> PlanShares:
+    def of(cls, plan: FlopCount) -> PlanShares:
         return cls(plan.classes["projections"].share_on_slices, plan.flops_on_slices)
 
 
@@ -85,10 +86,12 @@ def extended_plan(
     from shardcheck.sharding.rewrite import shard_model
 
     try:
-        sharded = shard_model(index, cut, shapes=shapes, detected=layers)
+        # Weightless: these models are counted, never run or written.
+        sharded = shard_model(index, cut, shapes=shapes, detected=layers, weights=False)
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
+        del sharded
         extended = cut.with_changes(lengths=lengths)
-        model = shard_model(index, extended, shapes=shapes, detected=layers)
+        model = shard_model(index, extended, shapes=shapes, detected=layers, weights=False)
         mixed = mixed_lengths(index, shapes, extended, model)
         if mixed is not None:
             if declined is not None:
@@ -99,7 +102,7 @@ def extended_plan(
             return None
         nb_rank = hints.dist_collectives.nb_rank
         ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
-        plain, found = _shares(index, (hints, extended), ranks)
+        plain, found = _shares((index, shapes, layers), (hints, extended), ranks, model)
     except ShardcheckError:
         return None  # a plan that cannot be counted (a length it cannot split) is no gain
     if found.projections <= plain.projections:
@@ -108,19 +111,31 @@ def extended_plan(
 
 
 def _shares(
-    index: GraphIndex, plans: tuple[ShardHints, ShardHints], ranks: int
+    given: tuple[GraphIndex, ShapeInference, list[AttentionLayer]],
+    plans: tuple[ShardHints, ShardHints],
+    ranks: int,
+    model: ShardedModel,
 ) -> tuple[PlanShares, PlanShares]:
     """Both plans' shares at the default length, or at a short one (FALLBACK_POSITIONS per
-    rank) where a model cannot be counted at the default (past its position table)."""
-    from shardcheck.planning.plan import make_plan
+    rank) where a model cannot be counted at the default (past its position table); the
+    extension's counted on its multi-device model ``model`` (made concrete by the count)."""
+    from shardcheck.planning.plan import count_flops
+
+    def shares(seq_len: int | None, made: ShardedModel | None) -> tuple[PlanShares, PlanShares]:
+        plain, extended = (
+            PlanShares.of(
+                count_flops(
+                    *given, hints, seq_len=seq_len, ranks=ranks, sharded=made if at else None
+                )
+            )
+            for at, hints in enumerate(plans)
+        )
+        return plain, extended
 
     try:
-        return tuple(PlanShares.of(make_plan(index, hints, ranks=ranks)) for hints in plans)  # type: ignore[return-value]
+        return shares(None, model)
     except InputError:
-        length = FALLBACK_POSITIONS * ranks
-        return tuple(  # type: ignore[return-value]
-            PlanShares.of(make_plan(index, hints, ranks=ranks, seq_len=length)) for hints in plans
-        )
+        return shares(FALLBACK_POSITIONS * ranks, None)  # ``model`` may be half made concrete
 
 
 def shares_line(extended: Extended, extension_file: str | None) -> str:

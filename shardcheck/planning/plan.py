@@ -16,8 +16,8 @@ rank's tokens, the scores of its queries against every key); else every rank run
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import (
@@ -39,7 +39,7 @@ from shardcheck.planning.rank_shapes import RankShapes, rank_shapes
 from shardcheck.planning.traffic import Collective, collectives
 from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_seq_len
 from shardcheck.runtime.sizes import resolve_dims
-from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
+from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER, ShardedModel
 
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_RANKS = 2
@@ -80,9 +80,10 @@ class LayerPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the hints make each of ``ranks`` ranks compute at ``seq_len`` (``dims``: every
-    symbolic dim's size), against one device: the FLOPs by class, memory, traffic, layers."""
+class FlopCount:
+    """The FLOPs that the hints make each of ``ranks`` ranks compute at ``seq_len``
+    (``dims``: every symbolic dim's size), by class, against one device: the first part of
+    the plan, and all that gen weighs its two plans by (``count_flops``)."""
 
     model: str
     seq_len: int
@@ -90,14 +91,8 @@ class Plan:
     dims: dict[str, int]
     classes: dict[str, ClassFlops]
     flops_per_rank: int
-    peak_bytes_one_device: int
-    peak_bytes_per_rank: int
-    collectives: tuple[Collective, ...]
-    layers: tuple[LayerPlan, ...]
     uncounted_nodes: int  # nodes with FLOPs whose shapes are unknown (counted as 0)
-    blockers: tuple[Blocker, ...] = ()
-    hints: str = "<hints>"  # where the hints came from (a file, or gen's default)
-    sliced_nodes: frozenset[int] = field(default=frozenset(), repr=False)
+    sliced_nodes: frozenset[int] = field(repr=False)
 
     @property
     def flops_total(self) -> int:
@@ -111,6 +106,18 @@ class Plan:
     @property
     def speedup_bound(self) -> float:
         return self.flops_total / self.flops_per_rank if self.flops_per_rank else 1.0
+
+
+@dataclass(frozen=True)
+class Plan(FlopCount):
+    """The FLOPs of the hints (``FlopCount``), with memory, traffic and the layers."""
+
+    peak_bytes_one_device: int
+    peak_bytes_per_rank: int
+    collectives: tuple[Collective, ...]
+    layers: tuple[LayerPlan, ...]
+    blockers: tuple[Blocker, ...] = ()
+    hints: str = "<hints>"  # where the hints came from (a file, or gen's default)
 
     @property
     def bytes_received(self) -> int:
@@ -129,20 +136,81 @@ def make_plan(
     """The plan of ``hints`` on ``index`` at ``seq_len`` (default: DEFAULT_SEQ_LEN, or the
     one length the model runs at) on ``ranks`` ranks (the module docstring says what it
     counts). InputError for settings it cannot count at."""
-    refuse_bad_ranks(ranks)
     shapes = ShapeInference(index)
     layers = detect_attention(index, shapes)
+    count, found, class_of = _count(
+        index, hints, seq_len, ranks, dims, hints_source, shapes, layers
+    )
+    sliced = count.sliced_nodes
+    types = _elem_types(found)
+    on_rank_size = tensor_bytes(found.on_rank, types)
+    on_one_size = tensor_bytes(found.on_one, types)
+    peak_one, _ = peak_bytes(index, index.nodes, on_one_size)
+    peak_rank, _ = peak_bytes(found.index, found.index.nodes, on_rank_size)
+    moved = collectives(found, layers, ranks, on_rank_size)
+    whole_projections = [
+        node for node in index.nodes if class_of(node) == "projections" and node.index not in sliced
+    ]
+    sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
+    scattered = [c.tensor for c in moved if c.role == "scatter"]
+    sequences = sequence_dims(shapes, layers) if layers else ()
+    blockers = find_blockers(
+        index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, sequences
+    )
+    return Plan(
+        **{part.name: getattr(count, part.name) for part in fields(FlopCount)},
+        hints=hints_source,
+        peak_bytes_one_device=peak_one,
+        peak_bytes_per_rank=peak_rank,
+        collectives=tuple(moved),
+        layers=tuple(_layer_plans(index, layers, moved, sliced, class_of, found)),
+        blockers=tuple(blockers),
+    )
+
+
+def count_flops(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    *,
+    seq_len: int | None = None,
+    ranks: int = DEFAULT_RANKS,
+    sharded: ShardedModel | None = None,
+) -> FlopCount:
+    """The FLOPs of ``make_plan``'s plan, counted the same way, and nothing else of it (no
+    memory, traffic or blockers); ``shapes`` and ``layers``: the model's; ``sharded``: the
+    multi-device model of ``hints``, when already made (it is made concrete in place)."""
+    return _count(index, hints, seq_len, ranks, None, "<hints>", shapes, layers, sharded)[0]
+
+
+def _count(
+    index: GraphIndex,
+    hints: ShardHints,
+    seq_len: int | None,
+    ranks: int,
+    dims: Mapping[str, int] | None,
+    hints_source: str,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    sharded: ShardedModel | None = None,
+) -> tuple[FlopCount, RankShapes, Callable[[Node], str]]:
+    """The FLOPs, the shapes they were counted from and each node's class."""
+    refuse_bad_ranks(ranks)
     asked = seq_len
     seq_len = _length(index, shapes, layers, hints, seq_len)
     run_dims = resolve_dims(index, hints, seq_len, dims or {}, shapes)
     found = rank_shapes(
-        index, hints, run_dims, ranks, hints_source=hints_source, shapes=shapes, layers=layers
+        index,
+        hints,
+        run_dims,
+        ranks,
+        hints_source=hints_source,
+        shapes=shapes,
+        layers=layers,
+        sharded=sharded,
     )
     _refuse_uneven(index, found, ranks, seq_len, fixed=asked is None and seq_len != DEFAULT_SEQ_LEN)
-
-    types = _elem_types(found)
-    on_rank_size = tensor_bytes(found.on_rank, types)
-    on_one_size = tensor_bytes(found.on_one, types)
     classes = {name: [0, 0] for name in CLASSES}
     per_rank = 0
     uncounted = 0
@@ -161,34 +229,17 @@ def make_plan(
             sliced.add(node.index)
         classes[class_of(node)][0 if split else 1] += one
         per_rank += on_rank
-    peak_one, _ = peak_bytes(index, index.nodes, on_one_size)
-    peak_rank, _ = peak_bytes(found.index, found.index.nodes, on_rank_size)
-    moved = collectives(found, layers, ranks, on_rank_size)
-    whole_projections = [
-        node for node in index.nodes if class_of(node) == "projections" and node.index not in sliced
-    ]
-    sliced_tensors = {name for at in sliced for name in index.nodes[at].outputs}
-    scattered = [c.tensor for c in moved if c.role == "scatter"]
-    sequences = sequence_dims(shapes, layers) if layers else ()
-    blockers = find_blockers(
-        index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, sequences
-    )
-    return Plan(
+    count = FlopCount(
         model=index.source,
-        hints=hints_source,
         seq_len=seq_len,
         ranks=ranks,
         dims=dict(run_dims),
         classes={name: ClassFlops(*counts) for name, counts in classes.items()},
         flops_per_rank=per_rank,
-        peak_bytes_one_device=peak_one,
-        peak_bytes_per_rank=peak_rank,
-        collectives=tuple(moved),
-        layers=tuple(_layer_plans(index, layers, moved, sliced, class_of, found)),
         uncounted_nodes=uncounted,
-        blockers=tuple(blockers),
         sliced_nodes=frozenset(sliced),
     )
+    return count, found, class_of
 
 
 def _length(

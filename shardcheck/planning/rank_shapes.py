@@ -67,16 +67,21 @@ def rank_shapes(
     hints_source: str = "<hints>",
     shapes: ShapeInference | None = None,
     layers: Sequence[AttentionLayer] | None = None,
+    sharded: ShardedModel | None = None,
 ) -> RankShapes:
     """The multi-device model of ``hints`` and its shapes (``shapes``, ``layers``: the
-    model's, when already found)."""
-    sharded = _shard_model(
-        index,
-        native_equivalent(hints),
-        None if layers is None else gathered_by_q(layers),
-        hints_source=hints_source,
-        shapes=shapes,
-    )
+    model's, when already found; ``sharded``: the multi-device model, when already made, which
+    is made concrete in place). It is made without weights: only shapes are counted."""
+    native = native_equivalent(hints)
+    if sharded is None or native != hints:
+        sharded = _shard_model(
+            index,
+            native,
+            None if layers is None else gathered_by_q(layers),
+            hints_source=hints_source,
+            shapes=shapes,
+            weights=False,
+        )
     model = sharded.model
     _make_concrete(model, dims)
     sharded_index = GraphIndex(model, source=index.source)

@@ -23,17 +23,22 @@ output keeps its declared type and shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import onnx
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from onnx import helper
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, gathered_by_q
 from shardcheck.analysis.fusion import FusedSite
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.analysis.tensor_info import MAX_VALUE_ELEMENTS
 from shardcheck.errors import HintsMismatchError
 from shardcheck.graph.index import GraphIndex
+from shardcheck.graph.tensors import INTEGER_TYPES
 from shardcheck.hints.codec import validated
 from shardcheck.hints.model import AttentionLayerHint, DistCollective, FusedAttention, ShardHints
 from shardcheck.sharding.fused import fused_attention_attributes, fused_sites, live_nodes
@@ -296,12 +301,15 @@ def shard_model(
     hints_source: str = "<hints>",
     shapes: ShapeInference | None = None,
     detected: list[AttentionLayer] | None = None,
+    weights: bool = True,
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
     ``layers`` maps a Q to the gathered K and V of each attention layer that reads it
     (default: ``shardcheck.analysis.detect``); ``shapes``: the model's, when already inferred;
     ``detected``: the model's layers, when already found (the fused replacements need them).
+    ``weights=False``: a model to count, not to run or write (gen's plans): its initializers
+    keep their names, types and dims, and their data only where shapes are computed from it.
     """
     hints = validated(hints, hints_source)
     if hints.parallelism != "CP":
@@ -356,7 +364,7 @@ def shard_model(
                 tensor.name, ALL_GATHER, tensor.seq_len_idx, tensor.rank, f"outputs[{position}]"
             )
     sharded = ShardedModel(
-        model=_build_model(index, rewriter),
+        model=_build_model(index, rewriter, weights),
         tails=dict(rewriter.tails),
         outputs=dict(zip(index.graph_outputs, rewriter.graph_outputs, strict=True)),
     )
@@ -390,11 +398,15 @@ def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> N
                 )
 
 
-def _build_model(index: GraphIndex, rewriter: _Rewriter) -> onnx.ModelProto:
-    model = onnx.ModelProto()
-    model.CopyFrom(index.model)
-    graph = model.graph
-    del graph.node[:]
+def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> onnx.ModelProto:
+    if weights:
+        model = onnx.ModelProto()
+        model.CopyFrom(index.model)
+        graph = model.graph
+        del graph.node[:]
+    else:
+        model = _weightless_copy(index.model)
+        graph = model.graph
     graph.node.extend(rewriter.sorted_nodes())
     original_outputs = {info.name: info for info in graph.output}
     del graph.output[:]
@@ -414,3 +426,42 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter) -> onnx.ModelProto:
         info for info in rewriter.new_value_infos if info.name not in rewriter.graph_outputs
     )
     return model
+
+
+def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its nodes, and its initializers without their data but the small
+    integer ones that shapes are computed from (names, types and dims kept): a model to count
+    the shapes of, at a fraction of a copy's time and memory."""
+    if UnknownFieldSet(model) or UnknownFieldSet(model.graph):
+        copy = onnx.ModelProto()  # fields this onnx does not know: copied as they are
+        copy.CopyFrom(model)
+        del copy.graph.node[:]
+        del copy.graph.initializer[:]
+    else:
+        copy = _fields_but(model, onnx.ModelProto(), "graph")
+        _fields_but(model.graph, copy.graph, "node", "initializer")
+    copy.graph.initializer.extend(map(_hollow, model.graph.initializer))
+    return copy
+
+
+def _fields_but(source: Message, target: Message, *left_out: str) -> Message:
+    """``target`` with the fields of ``source`` set, but ``left_out``."""
+    for descriptor, value in source.ListFields():
+        name = descriptor.name
+        if name in left_out:
+            continue
+        if isinstance(value, Message):
+            getattr(target, name).CopyFrom(value)
+        elif not isinstance(value, (str, bytes)) and hasattr(value, "extend"):  # repeated
+            getattr(target, name).extend(value)
+        else:
+            setattr(target, name, value)
+    return target
+
+
+def _hollow(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    if tensor.data_type in INTEGER_TYPES and math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS:
+        return tensor
+    hollow = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type)
+    hollow.dims.extend(tensor.dims)
+    return hollow
