@@ -121,6 +121,9 @@ def parse_lending(file: Path) -> tuple[onnx.ModelProto, LentWeights] | None:
     usual. A DecodeError of the parse is raised as for the whole file."""
     resolved = file.resolve()
     try:
+        # Looked at before it is opened: a named pipe opened and closed unread ends its writer.
+        if not stat.S_ISREG(os.stat(resolved).st_mode):
+            return None
         with open(resolved, "rb", buffering=0) as stream:
             status = os.fstat(stream.fileno())
             before = identity(status)

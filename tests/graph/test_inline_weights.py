@@ -6,13 +6,16 @@ shard's output) reads them from there; results are those of the whole parse."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, GOLDEN, benchmark_models, run_cli, run_script
+from conftest import FIXTURES, GOLDEN, ROOT, benchmark_models, run_cli, run_script
 from onnx import helper, numpy_helper
 
 from shardcheck.analysis.detect import detect_attention
@@ -325,3 +328,24 @@ def test_a_changed_model_file_is_refused_where_a_weight_is_read(tmp_path: Path) 
         index.lent_weights.data("W", str(path))
     with pytest.raises(InputError, match="changed while shardcheck ran"):
         make_session(index.model, weights_dir(path), source=str(path))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_model_fed_through_a_named_pipe_is_read_whole(tmp_path: Path) -> None:
+    """A named pipe is not walked (opened and closed unread, it would end its writer): it is
+    read to its end, as before, and gen writes the hints of the file it was fed."""
+    path, _ = _inline_model(tmp_path)
+    expected = tmp_path / "expected.json"
+    assert run_cli("gen", path, "-o", expected, "-q").exit_code == 0
+    fifo = tmp_path / "fed.onnx"
+    os.mkfifo(fifo)
+    script = 'cat "$1" > "$2" & exec "$3" -m shardcheck gen "$2" -o - -q'
+    done = subprocess.run(
+        ["bash", "-c", script, "_", str(path), str(fifo), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a gen waiting for a writer that is gone would hang
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == json.loads(expected.read_text())
