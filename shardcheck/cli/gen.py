@@ -22,7 +22,7 @@ from shardcheck.graph.index import GraphIndex, gc_paused
 from shardcheck.graph.loader import index_parsed, parse_model
 from shardcheck.hints.codec import encode
 from shardcheck.hints.files import write_hints
-from shardcheck.hints.model import REDUCE_OPS, ShardHints
+from shardcheck.hints.model import REDUCE_OPS
 from shardcheck.verification.findings import CODES
 from shardcheck.wording import one_line
 
@@ -94,11 +94,13 @@ from shardcheck.wording import one_line
     "verify, simulate, explain). Never with --compat polygraphy or --io graph.",
 )
 @click.option(
-    "--plan",
+    "--plan/--no-plan",
     "show_plan",
-    is_flag=True,
-    help="Also print the plan's one-line summary on stderr (what 'shardcheck explain' counts; "
-    "it shards the model to count it, which on a large graph costs more than gen itself).",
+    default=True,
+    show_default=True,
+    help="Print the summary line of the plan written on stderr (what 'shardcheck explain' "
+    "counts; where an extension is written, its line of both plans' shares is that line). "
+    "Never with --compat polygraphy or -q.",
 )
 @FORMAT_OPTION
 @QUIET_OPTION
@@ -156,11 +158,10 @@ def gen(
         _, line = _extension(output, model, result, gen_options)
         if line and not quiet:
             click.echo(f"shardcheck: {one_line(line)}", err=True)
-        if show_plan and not quiet and gen_options.compat != "polygraphy":
-            # The plan gen writes: the extension's where it writes one.
-            written = result.extension if gen_options.extension else None
-            plan = result.hints if written is None else written.hints
-            _echo_plan_summary(index, plan, gen_options.nb_rank)
+        offered = result.extension is not None and gen_options.extension
+        if show_plan and not quiet and gen_options.compat != "polygraphy" and not offered:
+            # Where the extension is offered, its line above says how much each plan splits.
+            _echo_plan_summary(index, result, gen_options.nb_rank)
     return 0
 
 
@@ -183,10 +184,11 @@ def _refuse_weight_file(output: str, model: str, locations: set[str]) -> None:
             raise InputError(f"{output}: is a weight file of the model; write the hints elsewhere")
 
 
-def _echo_plan_summary(index: GraphIndex, hints: ShardHints, nb_rank: int) -> None:
+def _echo_plan_summary(index: GraphIndex, result: GenResult, nb_rank: int) -> None:
     """The plan written, in one line on stderr (Polygraphy's mode prints as Polygraphy does)."""
     from shardcheck.planning.report import gen_summary
 
-    line = gen_summary(index, hints, nb_rank)
+    analysed = None if result.shapes is None else (result.shapes, list(result.layers))
+    line = gen_summary(index, result.hints, nb_rank, analysed)
     if line is not None:
         click.echo(f"shardcheck: {one_line(line)}", err=True)

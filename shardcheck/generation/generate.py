@@ -86,6 +86,7 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
         layers=tuple(layers),
         extension=extension,
         no_extension=declined[0] if declined else None,
+        shapes=shapes,
     )
 
 

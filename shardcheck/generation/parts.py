@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.extension import Extended
 from shardcheck.generation.options import GenOptions
 from shardcheck.hints.model import (
@@ -26,6 +27,9 @@ class GenResult:
     extension: Extended | None = None
     # Why gen writes no extension where its cut was declined as not exact (else None).
     no_extension: str | None = None
+    # The model's shapes, as the default mode inferred them (None in Polygraphy's): what
+    # gen's line of the plan is counted from after.
+    shapes: ShapeInference | None = field(default=None, repr=False, compare=False)
 
 
 def with_options(

@@ -6,10 +6,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from shardcheck.analysis.detect import AttentionLayer, detect_attention
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import ShardcheckError
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
-from shardcheck.planning.plan import CLASS_TITLES, CLASSES, DEFAULT_RANKS, Plan, make_plan
+from shardcheck.planning.plan import (
+    CLASS_TITLES,
+    CLASSES,
+    DEFAULT_RANKS,
+    FlopCount,
+    Plan,
+    count_flops,
+)
 from shardcheck.runtime.memory import human
 from shardcheck.wording import counted, one_line
 
@@ -19,7 +28,7 @@ def percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
-def summary_line(plan: Plan) -> str:
+def summary_line(plan: FlopCount) -> str:
     """One line: the share on slices, by the two classes that matter, and the bound."""
     attention, projections = plan.classes["attention"], plan.classes["projections"]
     return (
@@ -180,14 +189,23 @@ def fold_layers(plan: Plan) -> list[list[Any]]:
     return groups
 
 
-def gen_summary(index: GraphIndex, hints: ShardHints, nb_rank: int) -> str | None:
+def gen_summary(
+    index: GraphIndex,
+    hints: ShardHints,
+    nb_rank: int,
+    analysed: tuple[ShapeInference, list[AttentionLayer]] | None = None,
+) -> str | None:
     """gen's line of the plan it wrote: at the default length, on ``nb_rank`` ranks (2 when
-    the hints say 1); the reason when the plan cannot be counted; None without a cut."""
+    the hints say 1); the reason when the plan cannot be counted; None without a cut.
+    ``analysed``: the model's shapes and attention layers, when already found."""
     if not hints.inputs:
         return None
     ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
     try:
-        plan = make_plan(index, hints, ranks=ranks)
+        if analysed is None:
+            shapes = ShapeInference(index)
+            analysed = shapes, detect_attention(index, shapes)
+        plan = count_flops(index, *analysed, hints, ranks=ranks)
     except ShardcheckError as exc:
         return f"plan not counted: {exc.message}"
     return summary_line(plan) + " ('shardcheck explain' says more)"

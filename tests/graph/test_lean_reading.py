@@ -33,14 +33,15 @@ def assert_prints_ok(code: str) -> None:
 
 def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
     # One process for all models: each gen must leave both unimported in the process itself
-    # (the checker's child process imports onnx; that is its own). The extension's plan is
-    # counted on the multi-device model, which onnx builds: where gen weighs one (its cut is
-    # not the hints'), it imports onnx, so the hints are written alone here.
+    # (the checker's child process imports onnx; that is its own). The plans are counted on
+    # the multi-device model, which onnx builds: where gen weighs the extension (its cut is
+    # not the hints') or prints the plan's line, it imports onnx, so the hints are written
+    # alone here.
     code = (
         "import sys; from shardcheck.cli import cli\n"
         f"for model in {[str(m) for m in FIXTURE_MODELS]!r}:\n"
-        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}, '--no-extension'], "
-        "standalone_mode=False)\n"
+        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}, '--no-extension', "
+        "'--no-plan'], standalone_mode=False)\n"
         "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
         "print('ok')\n"
     )

@@ -224,16 +224,40 @@ def test_explain_a_fixed_length_model_at_another_length_is_refused() -> None:
     assert whisper.exit_code == 0 and json.loads(whisper.stdout)["plan"]["seq_len"] == 8
 
 
-def test_gen_prints_the_plan_line_only_when_asked(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Counting the plan shards the model again: gen leaves it out unless --plan asks for it.
+def test_gen_prints_the_plan_line_by_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """gen ends with the summary line of the plan it wrote, explain's first line; not with
+    --no-plan, -q or --compat polygraphy, and the hints are the same bytes either way."""
     model = REAL / "ts_sdpa.onnx"
-    plain = run_cli("gen", model, "-o", tmp_path / "a.json")
-    asked = run_cli("gen", model, "--plan", "-o", tmp_path / "b.json")
-    assert plain.exit_code == asked.exit_code == 0
-    assert "of FLOPs on slices" not in plain.stderr
-    (line,) = [x for x in asked.stderr.splitlines() if "of FLOPs on slices" in x]
-    assert line.startswith(f"shardcheck: {model}: plan at length ")
+    shown = run_cli("gen", model, "-o", tmp_path / "a.json")
+    explained = run_cli("explain", model, tmp_path / "a.json")
+    assert shown.exit_code == explained.exit_code == 0
+    first = explained.stdout.splitlines()[0]
+    assert first.startswith(f"{model}: plan at length 4096 on 2 ranks: ")
+    assert shown.stderr.splitlines() == [f"shardcheck: {first} ('shardcheck explain' says more)"]
+    for name, options in (
+        ("b", ["--no-plan"]),
+        ("c", ["-q"]),
+        ("d", ["--plan", "--compat", "polygraphy"]),
+    ):
+        quiet = run_cli("gen", model, *options, "-o", tmp_path / f"{name}.json")
+        assert quiet.exit_code == 0
+        assert "of FLOPs on slices" not in quiet.stderr, options
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "c.json").read_bytes()
+
+
+def test_gen_says_the_plans_in_one_line_where_it_writes_an_extension(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The extension's line gives both plans' shares: no second line says the plan again.
+    model = REAL / "dynamo_gpt2_tiny.onnx"
+    result = run_cli("gen", model, "-o", tmp_path / "h.json")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "h.shardcheck.json").is_file()
+    lines = [line for line in result.stderr.splitlines() if "warning" not in line]
+    assert lines == [
+        f"shardcheck: {tmp_path / 'h.json'}: Polygraphy-compatible hints: 0.0% of the "
+        "projection and MLP FLOPs on slices; 'shardcheck shard' with the extension "
+        f"{tmp_path / 'h.shardcheck.json'}: 100.0%"
+    ]
 
 
 def test_explain_text_shows_names_escaped(tmp_path) -> None:  # type: ignore[no-untyped-def]
