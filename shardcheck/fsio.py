@@ -141,11 +141,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     link, the file it points to is replaced, and the link kept. A stream (``/dev/stdout``)
     is written in place (``write_to_stream``).
     """
-    if write_to_stream(path, lambda stream: stream.write(data)):
+    atomic_write_written(path, lambda stream: stream.write(data))
+
+
+def atomic_write_written(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` with what ``write`` writes to the stream it is given (more than
+    memory holds at once), as ``atomic_write_bytes`` replaces it."""
+    if write_to_stream(path, write):
         return
     if os.path.islink(path):
         path = os.path.realpath(path)
-    atomic_write_with(path, lambda stream: stream.write(data))
+    atomic_write_with(path, write)
 
 
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:

@@ -38,6 +38,19 @@ from shardcheck.graph.mapped_files import (
     may_lend,
     remember_lending,
 )
+from shardcheck.graph.wire import (
+    LENGTH_DELIMITED,
+    Elsewhere,
+    NotFollowed,
+    Piece,
+    Walk,
+    field,
+    header,
+    length,
+    rewritten,
+    string_field,
+    varint_bytes,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -46,14 +59,12 @@ if TYPE_CHECKING:
 # scalars) stay in the parsed model.
 INLINE_SHARED_BYTES = 1 << 20
 # Field numbers of onnx.proto.
-_GRAPH = 7  # ModelProto.graph
-_INITIALIZER = 5  # GraphProto.initializer
 _NAME, _RAW_DATA, _EXTERNAL_DATA, _DATA_LOCATION, _SEGMENT = 8, 9, 13, 14, 3  # TensorProto
 # TensorProto's other value fields: float_data, int32_data, string_data, int64_data,
 # double_data, uint64_data. A tensor with one of them beside raw_data stays as it is.
 _OTHER_VALUES = frozenset((4, 5, 6, 7, 10, 11))
 _KEY, _VALUE = 1, 2  # StringStringEntryProto
-_LENGTH_DELIMITED = 2
+_COPIED_AT_ONCE = 1 << 24  # what shard reads of a weight at once to write it
 _T = protos.TensorProto
 # The bytes per element of the types numpy computes with (runtime/weights.py's numpy_dtype
 # lends exactly these): a weight of another type (bfloat16, the float8s) stays inline.
@@ -73,10 +84,6 @@ ITEMSIZES = {
     _T.COMPLEX64: 8,
     _T.COMPLEX128: 16,
 }
-
-
-class _NotFollowed(Exception):
-    """The wire format is not one this walk follows (the parse will say what is wrong)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,12 +113,37 @@ class LentWeights:
             raise InputError(f"{source}: the model file {self.file.name!r} changed while read")
         return data
 
-    def inlined(self, model: onnx.ModelProto, source: str) -> None:
-        """Put these weights back inside ``model`` (a copy of the parsed one: the sharded
-        model), as the file has them."""
-        for tensor in model.graph.initializer:
-            if self.lends(tensor):
-                _restore(tensor, self.data(tensor.name, source))
+    def write_inlined(self, serialized: bytes, stream: BinaryIO, source: str) -> None:
+        """Write to ``stream`` the serialized model ``serialized`` (a copy of the parsed one:
+        the sharded model) with these weights back inside it, as the file has them: the bytes
+        its serialization would have with them, without a copy of them in memory."""
+        walk = Walk(lambda size, at: serialized[at : at + size], len(serialized))
+        pieces = rewritten(walk, lambda start, end: _inlined(walk, start, end, self.spans))
+        if pieces is None:
+            stream.write(serialized)
+            return
+        view = memoryview(serialized)
+        name, (_, last) = max(self.spans.items(), key=lambda item: item[1][1])
+        descriptor, _ = checked_open(self.file, last, name, source)
+        try:
+            for piece in pieces:
+                if isinstance(piece, Elsewhere):
+                    self._copy(descriptor, piece, stream, source)
+                elif isinstance(piece, bytes):
+                    stream.write(piece)
+                else:
+                    stream.write(view[piece[0] : piece[1]])
+        finally:
+            os.close(descriptor)
+
+    def _copy(self, descriptor: int, piece: Elsewhere, stream: BinaryIO, source: str) -> None:
+        at = piece.start
+        while at < piece.end:
+            data = os.pread(descriptor, min(_COPIED_AT_ONCE, piece.end - at), at)
+            if not data:  # cut short since the check
+                raise InputError(f"{source}: the model file {self.file.name!r} changed while read")
+            stream.write(data)
+            at += len(data)
 
 
 def parse_lending(file: Path) -> tuple[onnx.ModelProto, LentWeights] | None:
@@ -131,11 +163,17 @@ def parse_lending(file: Path) -> tuple[onnx.ModelProto, LentWeights] | None:
                 return None
             if not may_lend(resolved, before):
                 return None
-            walk = _Walk(stream, status.st_size, resolved.name)
-            content = walk.stripped()
-            if content is None or identity(os.fstat(stream.fileno())) != before:
+            descriptor = stream.fileno()
+            walk = Walk(lambda size, at: os.pread(descriptor, size, at), status.st_size)
+            spans: dict[str, tuple[int, int]] = {}
+            pieces = rewritten(
+                walk, lambda start, end: _stripped(walk, start, end, resolved.name, spans)
+            )
+            if pieces is None:
                 return None
-            spans = walk.spans
+            content = _joined(stream, pieces)
+            if identity(os.fstat(descriptor)) != before:
+                return None
             model = protos.ModelProto()
             model.ParseFromString(memoryview(content))
             for tensor in model.graph.initializer:
@@ -144,7 +182,7 @@ def parse_lending(file: Path) -> tuple[onnx.ModelProto, LentWeights] | None:
                     # Left as the file has it: its size or type is for the checker to judge.
                     _restore(tensor, walk.read(*span))
                     del spans[tensor.name]
-    except (OSError, _NotFollowed):
+    except (OSError, NotFollowed):
         return None
     if not spans:
         return None
@@ -153,11 +191,11 @@ def parse_lending(file: Path) -> tuple[onnx.ModelProto, LentWeights] | None:
     return model, lent
 
 
-def _lendable(tensor: onnx.TensorProto, length: int) -> bool:
+def _lendable(tensor: onnx.TensorProto, size: int) -> bool:
     itemsize = ITEMSIZES.get(tensor.data_type)
     if itemsize is None or any(d < 0 for d in tensor.dims):
         return False
-    return math.prod(tensor.dims) * itemsize == length
+    return math.prod(tensor.dims) * itemsize == size
 
 
 def _restore(tensor: onnx.TensorProto, data: bytes) -> None:
@@ -166,252 +204,103 @@ def _restore(tensor: onnx.TensorProto, data: bytes) -> None:
     tensor.raw_data = data
 
 
-# Pieces of the stripped model: a range of the file (start, end), or bytes written anew.
-Piece = tuple[int, int] | bytes
-# What the walk reads at once: a run of nodes is read in long blocks, a field among weights
-# (which the walk jumps over) in short ones.
-_BLOCK = 1 << 20
-_SHORT_BLOCK = 1 << 16
+def _joined(stream: BinaryIO, pieces: list[Piece]) -> bytearray:
+    """The pieces of the file ``stream`` and the bytes written anew, in one buffer."""
+    joined = bytearray(sum(length(piece) for piece in pieces))
+    view = memoryview(joined)
+    at = 0
+    for piece in pieces:
+        size = length(piece)
+        if isinstance(piece, bytes):
+            view[at : at + size] = piece
+        else:
+            stream.seek(piece[0])
+            filled = 0
+            while filled < size:
+                got = stream.readinto(view[at + filled : at + size])
+                if not got:
+                    raise NotFollowed()  # cut short while it is read
+                filled += got
+        at += size
+    return joined
 
 
-class _Walk:
-    """The walk over the serialized model in ``stream`` (``size`` bytes), read a block at a
-    time, and the model without the large initializers' raw_data, each marked external at
-    its place in the file named ``location``; ``spans``: those places by name."""
-
-    def __init__(self, stream: BinaryIO, size: int, location: str) -> None:
-        self.stream = stream
-        self.size = size
-        self.location = location
-        self.spans: dict[str, tuple[int, int]] = {}
-        self.block = b""
-        self.block_start = 0
-
-    def load(self, at: int, size: int = _BLOCK) -> tuple[bytes, int]:
-        """The block of ``size`` bytes that starts at ``at`` (shorter at the end of the
-        file)."""
-        self.block = os.pread(self.stream.fileno(), size, at)
-        self.block_start = at
-        return self.block, at
-
-    def byte(self, at: int) -> int:
-        offset = at - self.block_start
-        if not 0 <= offset < len(self.block):
-            block, _ = self.load(at, _SHORT_BLOCK)
-            if not block:
-                raise _NotFollowed()
-            offset = 0
-        return self.block[offset]
-
-    def read(self, start: int, end: int) -> bytes:
-        data = os.pread(self.stream.fileno(), end - start, start)
-        if len(data) != end - start:
-            raise _NotFollowed()  # cut short while it is read
-        return data
-
-    def stripped(self) -> bytearray | None:
-        """The model's bytes so stripped; None when no initializer is large."""
-        pieces: list[Piece] = []
-        copied = 0  # the file up to ``copied`` is in pieces
-        at, end = 0, self.size
-        while at < end:
-            number, kind, start, value_start, at = _field(self, at, end)
-            if number != _GRAPH or kind != _LENGTH_DELIMITED:
-                continue
-            graph = self._graph(value_start, at)
-            if graph is not None:
-                _splice(pieces, (copied, start), _GRAPH, graph)
-                copied = at
-        if not self.spans:
-            return None
-        pieces.append((copied, end))
-        return self._joined(pieces)
-
-    def _joined(self, pieces: list[Piece]) -> bytearray:
-        joined = bytearray(sum(_length(piece) for piece in pieces))
-        view = memoryview(joined)
-        at = 0
-        for piece in pieces:
-            length = _length(piece)
-            if isinstance(piece, bytes):
-                view[at : at + length] = piece
-            else:
-                self.stream.seek(piece[0])
-                filled = 0
-                while filled < length:
-                    got = self.stream.readinto(view[at + filled : at + length])
-                    if not got:
-                        raise _NotFollowed()  # cut short while it is read
-                    filled += got
-            at += length
-        return joined
-
-    def _graph(self, start: int, end: int) -> list[Piece] | None:
-        pieces: list[Piece] = []
-        copied = start
-        at = start
-        while at < end:
-            at = _past_nodes(self, at, end)
-            if at >= end:
-                break
-            number, kind, field_start, value_start, at = _field(self, at, end)
-            # A tensor smaller than INLINE_SHARED_BYTES is not looked into.
-            if number != _INITIALIZER or kind != _LENGTH_DELIMITED:
-                continue
-            if at - value_start < INLINE_SHARED_BYTES:
-                continue
-            tensor = self._tensor(value_start, at)
-            if tensor is not None:
-                _splice(pieces, (copied, field_start), _INITIALIZER, tensor)
-                copied = at
-        if copied == start:
-            return None
-        pieces.append((copied, end))
-        return pieces
-
-    def _tensor(self, start: int, end: int) -> list[Piece] | None:
-        """The TensorProto at ``start:end`` of the file without its raw_data, marked external
-        at its place in the file, when it is large and stored in raw_data alone; else None."""
-        name = None
-        raw: list[tuple[int, int, int]] = []  # (field start, value start, end) of each raw_data
-        at = start
-        while at < end:
-            number, _, field_start, value_start, at = _field(self, at, end)
-            if number == _RAW_DATA:
-                raw.append((field_start, value_start, at))
-            elif number == _NAME:
-                name = self.read(value_start, at)
-            elif number in _OTHER_VALUES or number in (_EXTERNAL_DATA, _DATA_LOCATION, _SEGMENT):
-                return None
-        if not raw or name is None:
-            return None
-        _, value_start, value_end = raw[-1]  # the last one counts, as for protobuf
-        if value_end - value_start < INLINE_SHARED_BYTES:
-            return None
-        try:
-            decoded = name.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if decoded in self.spans:  # a name given twice: the checker refuses the model
-            raise _NotFollowed()
-        self.spans[decoded] = (value_start, value_end)
-        pieces: list[Piece] = []
-        copied = start
-        for field_start, _, field_end in raw:
-            pieces.append((copied, field_start))
-            copied = field_end
-        pieces.append((copied, end))
-        for key, value in (
-            ("location", self.location),
-            ("offset", str(value_start)),
-            ("length", str(value_end - value_start)),
-        ):
-            entry = _string(_KEY, key) + _string(_VALUE, value)
-            pieces.append(_header(_EXTERNAL_DATA, len(entry)) + entry)
-        pieces.append(_varint_bytes(_DATA_LOCATION << 3) + _varint_bytes(_T.EXTERNAL))
-        return pieces
-
-
-def _length(piece: Piece) -> int:
-    return len(piece) if isinstance(piece, bytes) else piece[1] - piece[0]
-
-
-def _splice(
-    pieces: list[Piece], before: tuple[int, int], number: int, message: list[Piece]
-) -> None:
-    """Append to ``pieces`` the range of the file ``before`` a field, then the field
-    ``number`` holding ``message`` (its pieces) in place of the one the file has."""
-    pieces.append(before)
-    pieces.append(_header(number, sum(_length(p) for p in message)))
-    pieces.extend(message)
-
-
-# GraphProto.node's tag: field 1, length-delimited.
-_NODE_TAG = 1 << 3 | _LENGTH_DELIMITED
-
-
-def _past_nodes(walk: _Walk, at: int, end: int) -> int:
-    """Where the run of node fields from ``at`` ends: the walk over them is most of what the
-    scan costs (one field a node), so their lengths (of one to three bytes) are read from the
-    block here without a call."""
-    block, base = walk.block, walk.block_start
+def _stripped(
+    walk: Walk, start: int, end: int, location: str, spans: dict[str, tuple[int, int]]
+) -> list[Piece] | None:
+    """The TensorProto whose fields are at ``start:end`` of the file without its raw_data,
+    marked external at its place in the file named ``location`` (added to ``spans``), when
+    it is large and stored in raw_data alone; else None. A smaller one is not looked into."""
+    if end - start < INLINE_SHARED_BYTES:
+        return None
+    name = None
+    raw: list[tuple[int, int, int]] = []  # (field start, value start, end) of each raw_data
+    at = start
     while at < end:
-        offset = at - base
-        if offset < 0 or offset + 4 > len(block):
-            block, base = walk.load(at)
-            offset = 0
-            if len(block) < 4:
-                return at  # the file's last bytes: _field reads them
-        if block[offset] != _NODE_TAG:
-            return at
-        first = block[offset + 1]
-        if first < 0x80:
-            at += 2 + first
-            continue
-        second = block[offset + 2]
-        if second < 0x80:
-            at += 3 + (first & 0x7F | second << 7)
-            continue
-        third = block[offset + 3]
-        if third >= 0x80:
-            return at  # a node of 2 MiB or more: _field reads it
-        at += 4 + (first & 0x7F | (second & 0x7F) << 7 | third << 14)
-    if at > end:
-        raise _NotFollowed()
-    return at
+        number, _, field_start, value_start, at = field(walk, at, end)
+        if number == _RAW_DATA:
+            raw.append((field_start, value_start, at))
+        elif number == _NAME:
+            name = walk.read(value_start, at)
+        elif number in _OTHER_VALUES or number in (_EXTERNAL_DATA, _DATA_LOCATION, _SEGMENT):
+            return None
+    if not raw or name is None:
+        return None
+    _, value_start, value_end = raw[-1]  # the last one counts, as for protobuf
+    if value_end - value_start < INLINE_SHARED_BYTES:
+        return None
+    try:
+        decoded = name.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if decoded in spans:  # a name given twice: the checker refuses the model
+        raise NotFollowed()
+    spans[decoded] = (value_start, value_end)
+    pieces: list[Piece] = []
+    copied = start
+    for field_start, _, field_end in raw:
+        pieces.append((copied, field_start))
+        copied = field_end
+    pieces.append((copied, end))
+    for key, value in (
+        ("location", location),
+        ("offset", str(value_start)),
+        ("length", str(value_end - value_start)),
+    ):
+        entry = string_field(_KEY, key) + string_field(_VALUE, value)
+        pieces.append(header(_EXTERNAL_DATA, len(entry)) + entry)
+    pieces.append(varint_bytes(_DATA_LOCATION << 3) + varint_bytes(_T.EXTERNAL))
+    return pieces
 
 
-def _field(walk: _Walk, at: int, end: int) -> tuple[int, int, int, int, int]:
-    """The field at ``at`` of a message that ends at ``end``: (number, wire type, start of
-    the field, start of its value, end of the field)."""
-    start = at
-    tag, at = _varint(walk, at)
-    kind = tag & 7
-    if kind == _LENGTH_DELIMITED:
-        length, at = _varint(walk, at)
-        value_end = at + length
-    elif kind == 0:
-        _, value_end = _varint(walk, at)
-    elif kind == 1:
-        value_end = at + 8
-    elif kind == 5:
-        value_end = at + 4
-    else:  # groups (deprecated, not in onnx.proto) and invalid wire types
-        raise _NotFollowed()
-    if value_end > end:
-        raise _NotFollowed()
-    return tag >> 3, kind, start, at, value_end
-
-
-def _varint(walk: _Walk, at: int) -> tuple[int, int]:
-    byte = walk.byte(at)
-    if byte < 0x80:
-        return byte, at + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        at += 1
-        byte = walk.byte(at)
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at + 1
-        shift += 7
-        if shift > 63:
-            raise _NotFollowed()
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _header(number: int, length: int) -> bytes:
-    return _varint_bytes(number << 3 | _LENGTH_DELIMITED) + _varint_bytes(length)
-
-
-def _string(number: int, text: str) -> bytes:
-    encoded = text.encode("utf-8")
-    return _header(number, len(encoded)) + encoded
+def _inlined(
+    walk: Walk, start: int, end: int, spans: dict[str, tuple[int, int]]
+) -> list[Piece] | None:
+    """The TensorProto whose fields are at ``start:end`` of a serialized model, when it is
+    one of the weights at ``spans`` that ``_stripped`` marked external: with its raw data
+    from the model file (Elsewhere) in place of the external-data fields. Serialized, a
+    message's fields come in the order of their numbers: raw_data goes after the fields
+    numbered below its own."""
+    fields: list[tuple[int, int, int]] = []  # (number, start, end)
+    name = None
+    external = False
+    at = start
+    while at < end:
+        number, kind, field_start, value_start, at = field(walk, at, end)
+        if number == _NAME and kind == LENGTH_DELIMITED:
+            name = walk.read(value_start, at)
+        elif number == _DATA_LOCATION and kind == 0:
+            external = walk.byte(value_start) == _T.EXTERNAL
+        fields.append((number, field_start, at))
+    span = spans.get(name.decode("utf-8", "replace")) if name is not None else None
+    if not external or span is None:
+        return None
+    pieces: list[Piece] = [(s, e) for number, s, e in fields if number < _RAW_DATA]
+    pieces.append(header(_RAW_DATA, span[1] - span[0]))
+    pieces.append(Elsewhere(*span))
+    pieces.extend(
+        (s, e)
+        for number, s, e in fields
+        if number > _RAW_DATA and number not in (_EXTERNAL_DATA, _DATA_LOCATION)
+    )
+    return pieces

@@ -10,10 +10,16 @@ from pathlib import Path
 import onnx
 
 from shardcheck.errors import InputError, OutputError
-from shardcheck.fsio import atomic_write_bytes, atomic_write_with, open_stream, output_target
+from shardcheck.fsio import (
+    atomic_write_bytes,
+    atomic_write_with,
+    atomic_write_written,
+    open_stream,
+    output_target,
+)
 from shardcheck.graph.inline_weights import LentWeights
 from shardcheck.graph.loader import weights_dir
-from shardcheck.graph.tensors import external_locations
+from shardcheck.graph.tensors import external_tensors, locations_of
 
 
 def save_sharded_model(
@@ -25,7 +31,7 @@ def save_sharded_model(
 ) -> list[Path]:
     """Write ``model`` to ``output``; its external weight files stay usable. ``lent``: the
     source's inline weights that the parsed model (and so ``model``) marks external, which go
-    back inside ``model`` as the source has them.
+    back inside the model written, as the source has them (read from it as they are written).
 
     The model keeps the external-data locations of ``source`` (relative to the model file).
     When ``output`` is in another directory, each weight file is copied there (not hard-linked:
@@ -36,9 +42,10 @@ def save_sharded_model(
     # Refuse a bad output path before a weight file is copied next to it.
     output_path, output_dir = output_target(output)
     output_dir = output_dir.resolve()
-    if lent is not None:
-        lent.inlined(model, str(source))
-    _refuse_weight_location(model, output_path, output_dir, source_dir)
+    locations = locations_of(
+        t for t in external_tensors(model) if lent is None or not lent.lends(t)
+    )
+    _refuse_weight_location(locations, output_path, output_dir, source_dir)
     copied: list[Path] = []
     try:
         # A device, a pipe or a stream (-o /dev/null, /dev/stdout) has no directory to hold
@@ -49,10 +56,16 @@ def save_sharded_model(
             and open_stream(output_path) is None
         )
         if beside_output:
-            for location in sorted(external_locations(model)):
+            for location in sorted(locations):
                 if _place_weight_file(source_dir / location, output_dir / location):
                     copied.append(output_dir / location)
-        atomic_write_bytes(output_path, model.SerializeToString())
+        serialized = model.SerializeToString()
+        if lent is None:
+            atomic_write_bytes(output_path, serialized)
+        else:
+            atomic_write_written(
+                output_path, lambda stream: lent.write_inlined(serialized, stream, str(source))
+            )
     except BaseException:
         for path in copied:  # copied by this call: nothing refers to them without the model
             path.unlink(missing_ok=True)
@@ -61,13 +74,13 @@ def save_sharded_model(
 
 
 def _refuse_weight_location(
-    model: onnx.ModelProto, output_path: Path, output_dir: Path, source_dir: Path
+    locations: set[str], output_path: Path, output_dir: Path, source_dir: Path
 ) -> None:
     """OutputError when the model file would be written where one of its own weight files
-    goes (``-o out/weights.bin`` for weights at ``weights.bin``): the model would overwrite
-    its copied weights, or they it."""
+    (at ``locations``) goes (``-o out/weights.bin`` for weights at ``weights.bin``): the model
+    would overwrite its copied weights, or they it."""
     written = output_dir / output_path.name
-    for location in sorted(external_locations(model)):
+    for location in sorted(locations):
         for weights in {output_dir / location, source_dir / location}:
             if os.path.normpath(weights) == os.path.normpath(written):
                 raise OutputError(
