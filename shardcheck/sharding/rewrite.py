@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 import onnx
 from google.protobuf.message import Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 from onnx import helper
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, gathered_by_q
@@ -431,15 +430,10 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> onnx.
 def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without its nodes, and its initializers without their data but the small
     integer ones that shapes are computed from (names, types and dims kept): a model to count
-    the shapes of, at a fraction of a copy's time and memory."""
-    if UnknownFieldSet(model) or UnknownFieldSet(model.graph):
-        copy = onnx.ModelProto()  # fields this onnx does not know: copied as they are
-        copy.CopyFrom(model)
-        del copy.graph.node[:]
-        del copy.graph.initializer[:]
-    else:
-        copy = _fields_but(model, onnx.ModelProto(), "graph")
-        _fields_but(model.graph, copy.graph, "node", "initializer")
+    the shapes of, at a fraction of a copy's time and memory. Fields this onnx does not know
+    are left out too: the model is counted, never written."""
+    copy = _fields_but(model, onnx.ModelProto(), "graph")
+    _fields_but(model.graph, copy.graph, "node", "initializer")
     copy.graph.initializer.extend(map(_hollow, model.graph.initializer))
     return copy
 
