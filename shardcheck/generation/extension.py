@@ -9,7 +9,7 @@ offers it when it counts more of their FLOPs on slices (planning/'s figure) than
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from shardcheck.analysis.baked import baked_lengths
@@ -64,11 +64,19 @@ def extended_plan(
     rank's, or no more projection FLOPs on slices. Counted at the default length on the
     hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts. Where it is declined as not
     exact, ``declined`` gets why, naming the place, for gen to say."""
+    given = (index, shapes, layers)
+    traced: tuple[str, ...] = ()
     if any(baked_lengths(index, shapes, dim) for dim in sequence_dims(shapes, layers)):
         # A length traced into Reshapes (of any sequence dim: an encoder-decoder's decoder's
-        # too) cannot be given to a rank: the model runs at that length only, and the
-        # extension has nothing to give its nodes.
-        return None
+        # too): the plan is found on the model whose traced Reshapes read their input's
+        # length, which the extension names for the shard to make (sharding/traced.py).
+        from shardcheck.sharding.traced import untraced
+
+        found_untraced = untraced(index, shapes, layers)
+        if found_untraced is None:
+            return None  # a traced Reshape that cannot read its length: that length only
+        index, shapes, layers = found_untraced.index, found_untraced.shapes, found_untraced.layers
+        traced = found_untraced.traced
     frontier = find_frontier(index, shapes, layers, lengths_by_reader=True)
     if len(frontier.warnings) > plain_warnings:
         if declined is not None:
@@ -77,7 +85,7 @@ def extended_plan(
     if not frontier.inputs:
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
-    if cut == hints:
+    if cut == hints and not traced:
         return None
     # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
     # (tests/graph/test_lean_reading.py).
@@ -90,8 +98,8 @@ def extended_plan(
         sharded = shard_model(index, cut, shapes=shapes, detected=layers, weights=False)
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         del sharded
-        extended = cut.with_changes(lengths=lengths)
-        model = shard_model(index, extended, shapes=shapes, detected=layers, weights=False)
+        extended = cut.with_changes(lengths=replace(lengths, traced=traced))
+        model = shard_model(given[0], extended, shapes=given[1], detected=given[2], weights=False)
         mixed = mixed_lengths(index, shapes, extended, model)
         if mixed is not None:
             if declined is not None:
@@ -102,7 +110,7 @@ def extended_plan(
             return None
         nb_rank = hints.dist_collectives.nb_rank
         ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
-        plain, found = _shares((index, shapes, layers), (hints, extended), ranks, model)
+        plain, found = _shares(given, (hints, extended), ranks, model)
     except ShardcheckError:
         return None  # a plan that cannot be counted (a length it cannot split) is no gain
     if found.projections <= plain.projections:

@@ -232,8 +232,10 @@ def fixed_length(
             f"{index.source}: the sequence length is baked into the model: {node.label}{more} "
             f"reshapes to a fixed shape that holds a length of {length}{also}, so the model runs "
             "at that length only (TorchScript's tracing writes it there; PyTorch's dynamo "
-            "exporter keeps it symbolic). CP shards it at that length only if no rank's slice "
-            f"reaches those nodes: check with 'shardcheck verify {index.source} HINTS --ranks N "
+            "exporter keeps it symbolic). Polygraphy's shard splits it at that length only if "
+            "no rank's slice reaches those nodes; the extension gen writes beside the hints, "
+            "where it can, makes each of them read the length from its input: check with "
+            f"'shardcheck verify {index.source} HINTS --ranks N "
             f"--seq-lens {length},{2 * length}{own_lengths}'",
         )
     ]

@@ -74,6 +74,7 @@ def canonical(hints: ShardHints) -> dict[str, Any]:
         document["lengths"] = {
             **dict.fromkeys(hints.lengths.whole, "whole"),
             **dict.fromkeys(hints.lengths.rank, "rank"),
+            **dict.fromkeys(hints.lengths.traced, "traced"),
         }
     return document
 

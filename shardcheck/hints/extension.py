@@ -13,12 +13,15 @@ masks sized by a slice's length, head splits by a whole tensor's), gen also writ
         "version": 1,
         "hints": {... a whole hints document, Polygraphy 0.53.6's format ...},
         "whole_length": ["node", ...],
-        "rank_length": ["node", ...]
+        "rank_length": ["node", ...],
+        "traced_length": ["node", ...]
     }
 
 ``whole_length``: the nodes that compute with the whole length (they index data by positions
 computed from a slice's length); ``rank_length``: the Reshapes and Expands of slices whose
-target holds a whole length. What the hints scatter is computed with the whole length always.
+target holds a whole length; ``traced_length`` (only where there are some): the Reshapes whose
+target holds the length a TorchScript trace ran at (``sharding/traced.py``). What the hints
+scatter is computed with the whole length always.
 The file is used only where it is named: every command that reads hints reads it too.
 """
 
@@ -38,7 +41,8 @@ from shardcheck.wording import shown
 TAG_KEY = "shardcheck_extension"
 TAG = "lengths"
 VERSION = 1
-KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length")
+KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length", "traced_length")
+NODE_LISTS = ("whole_length", "rank_length", "traced_length")
 SUFFIX = ".shardcheck.json"
 
 
@@ -55,13 +59,16 @@ def is_extension(document: Any) -> bool:
 def encode_extension(hints: ShardHints) -> dict[str, Any]:
     """The extension document of ``hints`` (which hold ``lengths``)."""
     lengths = hints.lengths or LengthReads()
-    return {
+    document = {
         TAG_KEY: TAG,
         "version": VERSION,
         "hints": encode(hints),
         "whole_length": list(lengths.whole),
         "rank_length": list(lengths.rank),
     }
+    if lengths.traced:  # absent from the other files, which stay as they were
+        document["traced_length"] = list(lengths.traced)
+    return document
 
 
 def dumps_extension(hints: ShardHints) -> str:
@@ -99,7 +106,7 @@ def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
         raise HintsFormatError(source, "hints", "missing: the extension holds the whole hints")
     hints = decode(document["hints"], source)
     names: dict[str, tuple[str, ...]] = {}
-    for key in ("whole_length", "rank_length"):
+    for key in NODE_LISTS:
         value = document.get(key, [])
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise HintsFormatError(
@@ -115,7 +122,9 @@ def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
             source, "rank_length", f"{shown(min(both))} is in whole_length too: it needs one"
         )
     return hints.with_changes(
-        lengths=LengthReads(whole=names["whole_length"], rank=names["rank_length"])
+        lengths=LengthReads(
+            whole=names["whole_length"], rank=names["rank_length"], traced=names["traced_length"]
+        )
     )
 
 

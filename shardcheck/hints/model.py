@@ -65,10 +65,13 @@ class LengthReads:
     ``shardcheck shard`` computes from the whole length of the sequence (``whole``: they
     compute whole tensors, as positions and masks, read off a slice's Shape) or from a rank's
     length (``rank``: they run on slices, sized by a whole tensor's Shape). The Polygraphy
-    format cannot say it: its shard gives a Shape what its tensor's other consumers read."""
+    format cannot say it: its shard gives a Shape what its tensor's other consumers read.
+    ``traced``: the Reshapes that hold the length a TorchScript trace ran at, which the shard
+    first makes compute it from their input (``sharding/traced.py``)."""
 
     whole: tuple[str, ...] = ()
     rank: tuple[str, ...] = ()
+    traced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

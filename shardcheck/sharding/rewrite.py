@@ -311,6 +311,11 @@ def shard_model(
     keep their names, types and dims, and their data only where shapes are computed from it.
     """
     hints = validated(hints, hints_source)
+    if hints.lengths is not None and hints.lengths.traced:
+        # The plan is of the model whose traced Reshapes read their input's length
+        # (traced.py): what was found on this one (its shapes, its layers' nodes) is not.
+        index = _untraced(index, hints, hints_source, shapes)
+        shapes = detected = None
     if hints.parallelism != "CP":
         raise HintsMismatchError(
             f"{hints_source}: parallelism {hints.parallelism!r}: shard writes context "
@@ -376,6 +381,15 @@ def shard_model(
     if detected is None:
         detected = detect_attention(index, shapes)
     return give_lengths(index, shapes, detected, hints, sharded, hints_source)
+
+
+def _untraced(
+    index: GraphIndex, hints: ShardHints, hints_source: str, shapes: ShapeInference | None
+) -> GraphIndex:
+    from shardcheck.sharding.traced import untraced_index
+
+    assert hints.lengths is not None
+    return untraced_index(index, hints.lengths.traced, hints_source, shapes)
 
 
 def _layer_gathers(
