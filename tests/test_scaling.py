@@ -6,7 +6,8 @@ the layout of K, which cycles through three kinds from block to block.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import Node
 from shardcheck.simulation.plan import Stage
 from shardcheck.simulation.simulate import Simulation
+from shardcheck.verification import verify as verify_module
+from shardcheck.verification.findings import Finding, Report
 
 Encoder = Callable[[str, int], Path]
 
@@ -82,3 +85,44 @@ def test_the_simulation_makes_no_more_sessions_for_more_blocks(encoder: Encoder,
     (shallow_stages, shallow_sessions), (deep_stages, deep_sessions) = made[6], made[9]
     assert deep_stages > shallow_stages
     assert deep_sessions == shallow_sessions < shallow_stages
+
+
+class _CountedFindings(list):  # type: ignore[type-arg]
+    """A report's findings that count each one read by a walk over them."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[Finding]:
+        for finding in super().__iter__():
+            _CountedFindings.reads += 1
+            yield finding
+
+
+@dataclass
+class _CountingReport(Report):
+    def __post_init__(self) -> None:
+        self.findings = _CountedFindings(self.findings)
+        super().__post_init__()
+
+
+def test_verify_reads_its_findings_in_proportion_to_the_depth(
+    encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each layer adds a finding (SC110) and hints tensors whose axes verify checks; asking,
+    # for each such tensor, whether a finding of it was reported by scanning the findings read
+    # them in proportion to the square of the depth (1.8M reads at 600 layers).
+    monkeypatch.setattr(verify_module, "Report", _CountingReport)
+    reads: dict[int, tuple[int, int, int]] = {}
+    for depth in (4, 8):
+        path = encoder("export", depth)
+        index = load_index(path)
+        hints = generate(index, GenOptions()).hints
+        _CountedFindings.reads = 0
+        report = verify_module.verify(path, hints, ranks=2)
+        assert report.ok, report.render_text()
+        reads[depth] = (_CountedFindings.reads, len(report.findings), len(index.nodes))
+    (shallow_reads, shallow_findings, shallow_nodes) = reads[4]
+    (deep_reads, deep_findings, deep_nodes) = reads[8]
+    assert deep_findings >= shallow_findings + 4  # one more finding per layer
+    assert deep_nodes > 1.9 * shallow_nodes
+    assert 0 < deep_reads <= 2.1 * shallow_reads

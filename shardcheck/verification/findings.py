@@ -104,6 +104,19 @@ class Report:
     # The plan of the hints (planning.report): its line for the text, its object for JSON.
     plan_line: str = ""
     plan: dict[str, Any] | None = None
+    # The (code, field) of every finding, for has(): verify asks once per layer whether a
+    # layer before reported it, and a scan of the findings there grew with the square of the
+    # layers. Findings are added only by add(), which keeps it.
+    _reported: set[tuple[str, str]] = field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self._reported = {(f.code, f.field) for f in self.findings}
+
+    def has(self, code: str, field: str) -> bool:
+        """Whether a finding of ``code`` at ``field`` is in the report."""
+        return (code, field) in self._reported
 
     @property
     def errors(self) -> list[Finding]:
@@ -153,6 +166,7 @@ class Report:
         self.findings.append(
             Finding(code, level, field, tensor, _text(expected), _text(observed), message)
         )
+        self._reported.add((code, field))
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (LEVELS.index(f.level), f.code, f.field))

@@ -160,9 +160,6 @@ class RuntimeCheck:
             f"choose shorter --seq-lens. onnxruntime: {_shortened(message)}"
         )
 
-    def _found(self, code: str, field: str) -> bool:
-        return any(f.code == code and f.field == field for f in self.report.findings)
-
     def _failed(self, length: int, message: str, ran_at: list[int], dims: dict[str, int]) -> None:
         blamed = failed_node(message)
         node = blamed if blamed is not None else "unknown node"
@@ -270,7 +267,7 @@ class RuntimeCheck:
                     continue
                 hint_field = f"{kind}[name={tensor.name}]"
                 rank = len(first[tensor.name])
-                if not self._found("SC104", f"{hint_field}.rank"):
+                if not self.report.has("SC104", f"{hint_field}.rank"):
                     check_given_rank(
                         self.report, hint_field, tensor, rank, known_as="; it has rank {rank}"
                     )
@@ -311,7 +308,7 @@ class RuntimeCheck:
                 ("SC106", "v_seq_len_idx", layer.gathered_v, self.hints.v_seq_len_idx),
             ):
                 axes = changing(tensor)
-                if axes and axes != [hinted] and not self._found(code, hint_field):
+                if axes and axes != [hinted] and not self.report.has(code, hint_field):
                     self.report.add(
                         code,
                         ERROR,
