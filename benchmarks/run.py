@@ -116,6 +116,9 @@ class ChildRun:
     peak_kib: int
     returncode: int
     stderr: str = ""
+    # The child's CPU time, user and system (os.wait4): a loaded machine moves it far less than
+    # the wall time.
+    cpu_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -244,13 +247,15 @@ for line in sys.stdin:
     seconds = time.perf_counter() - started
     os.close(err)
     reply = {"seconds": seconds, "maxrss": usage.ru_maxrss,
-             "code": os.waitstatus_to_exitcode(status)}
+             "code": os.waitstatus_to_exitcode(status),
+             "cpu": usage.ru_utime + usage.ru_stime}
     print(json.dumps(reply), flush=True)
 """
 
 
 class Launcher:
-    """Runs commands from a small helper process; wall time and ``os.wait4``'s ru_maxrss."""
+    """Runs commands from a small helper process; wall time and ``os.wait4``'s ru_maxrss and
+    CPU time."""
 
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
@@ -273,7 +278,9 @@ class Launcher:
         self.process.stdin.flush()
         reply = json.loads(self.process.stdout.readline())
         text = stderr.read_text(errors="replace") if stderr.exists() else ""
-        return ChildRun(reply["seconds"], int(reply["maxrss"]), int(reply["code"]), text[-2000:])
+        return ChildRun(
+            reply["seconds"], int(reply["maxrss"]), int(reply["code"]), text[-2000:], reply["cpu"]
+        )
 
     def close(self) -> None:
         if self.process.stdin is not None:
