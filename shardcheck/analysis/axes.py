@@ -110,8 +110,15 @@ class AxisMapper:
             if node.attr("axis", -1) % out_rank == out_axis:
                 return None
             return [(node.inputs[0], out_axis)]
-        if op == "Reshape":
+        if op in ("Reshape", "Flatten"):
             return self._reshape(node, out_axis)
+        if op == "OneHot":
+            # Each index its own row of the depth (a mixture of experts' mask of each
+            # token's experts): the depth's axis is new, the others are the indices'.
+            depth_axis = node.attr("axis", -1) % out_rank
+            if out_axis == depth_axis:
+                return None
+            return [(node.inputs[0], out_axis - (out_axis > depth_axis))]
         if op in ("Unsqueeze", "Squeeze"):
             return self._unsqueeze(node, out_axis, out_rank)
         if op in ("Split", "Slice"):
@@ -125,8 +132,9 @@ class AxisMapper:
         if op == "Expand":
             return self._aligned(node.inputs[:1], out_axis, out_rank)
         if op == "Tile":
-            repeats = self.index.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
-            if repeats is None or repeats[out_axis] != 1:
+            # Repeats computed from shapes count too (a mixture of experts' [1, k, 1]).
+            repeats = self.shapes.value(node.inputs[1]) if len(node.inputs) > 1 else None
+            if repeats is None or len(repeats) != out_rank or repeats[out_axis] != 1:
                 return None
             return [(node.inputs[0], out_axis)]
         if op in REDUCTIONS:

@@ -347,12 +347,25 @@ def _top_k(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]
 
 
 def _one_hot(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
-    """The indices' shape with the depth inserted at ``axis`` (-1: last)."""
+    """The indices' shape with the depth inserted at ``axis`` (-1: last); its value where it
+    is a vector (every axis but the last of 1) of known indices, depth and values, as the
+    TorchScript exporter builds a Tile's repeats [1, k, 1] of a mixture of experts."""
     axis = node.attr("axis", -1) % (len(shape) + 1)
     depth = shapes.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    depth_dim = depth[0] if depth is not None and len(depth) == 1 else None
     dims = list(shape)
-    dims.insert(axis, depth[0] if depth is not None and len(depth) == 1 else None)
-    return [TensorInfo(tuple(dims))]
+    dims.insert(axis, depth_dim)
+    indices = shapes.input_info(node, 0).value
+    values = shapes.input_info(node, 2).value if len(node.inputs) > 2 else None
+    value = None
+    vector = all(d == 1 for d in dims[:-1]) and axis == len(dims) - 1
+    known = indices is not None and len(indices) <= 1 and values and len(values) == 2
+    if vector and known and isinstance(depth_dim, int) and 0 < depth_dim <= MAX_VALUE_ELEMENTS:
+        if all(isinstance(i, int) for i in indices):  # type: ignore[union-attr]
+            # An index out of [-depth, depth) is hot nowhere.
+            hot = {i % depth_dim for i in indices if -depth_dim <= i < depth_dim}  # type: ignore[union-attr, operator]
+            value = tuple(values[1] if i in hot else values[0] for i in range(depth_dim))  # type: ignore[index]
+    return [TensorInfo(tuple(dims), value)]
 
 
 def _matmul(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo] | None:

@@ -94,6 +94,10 @@ def walk_forward(
                 nodes.add(consumer_index)
                 queue.append((consumer.outputs[0], out_axis))
                 came_from.setdefault(consumer.outputs[0], (tensor, axis))
+                if consumer.op_type == "TopK" and len(consumer.outputs) > 1:
+                    # Its indices too (a mixture of experts' picks): what their Shape sizes
+                    # is sized by a slice.
+                    queue.append((consumer.outputs[1], out_axis))
         if mixing and tensor not in graph_outputs:
             outputs[tensor] = axis
         if tensor in outputs and len(mixing) != users:

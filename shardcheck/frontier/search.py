@@ -97,7 +97,7 @@ def find_frontier(
     inside_layers = {node for layer in layers for node in layer.internal}
     # What the layers compute inside (their scores): sliced along the queries.
     layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
-    sources = ShapeSources(index, ids, derived)
+    sources = ShapeSources(index, ids, derived, shapes)
     back = BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     # The rounds find the cuts; the gathers follow from them. A length read after the gathers
     # from a tensor ranks hold slices of makes that tensor whole, and the rounds run again; in

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.tensor_ids import TensorIds
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
@@ -22,10 +23,17 @@ class ShapeSources:
     it is computed from. Memoised, so the whole analysis stays linear; on tensor ids (see
     TensorIds), by name for the few questions asked by name."""
 
-    def __init__(self, index: GraphIndex, ids: TensorIds, derived: set[str]) -> None:
+    def __init__(
+        self,
+        index: GraphIndex,
+        ids: TensorIds,
+        derived: set[str],
+        shapes: ShapeInference | None = None,
+    ) -> None:
         self.index = index
         self.ids = ids
         self.derived = derived
+        self._value = shapes.value if shapes is not None else None
         self.derived_flags = ids.flags(derived)
         self._memo: list[frozenset[int] | None] = [None] * len(ids.names)
         self.sizing_memo: dict[tuple[int, int], frozenset[int]] = {}
@@ -74,6 +82,16 @@ class ShapeSources:
         memo[tensor] = result
         return result
 
+    def sizes(self, node: Node, name: str) -> bool:
+        """Whether input ``name`` of ``node`` may size it: not the repeats of a Tile where
+        every one is a known integer, whatever Shapes they are computed from (a mixture of
+        experts' [1, k, 1], read off the Shape of its TopK's indices), as Tile keeps every
+        axis of repeat 1 whole."""
+        if node.op_type != "Tile" or node.inputs[1:2] != (name,) or self._value is None:
+            return True
+        value = self._value(name)
+        return value is None or not all(isinstance(v, int) for v in value)
+
     def sizing(self, node_index: int, axis: int, mapper: AxisMapper) -> frozenset[int]:
         """The tensors whose Shape sizes ``node``'s output along ``axis``: the sources of its
         shape-like inputs other than those the axis comes from. The same in every round."""
@@ -86,7 +104,10 @@ class ShapeSources:
             shape_like = [
                 name
                 for name in node.inputs
-                if name and name not in self.derived and name not in initializers
+                if name
+                and name not in self.derived
+                and name not in initializers
+                and self.sizes(node, name)
             ]
             if shape_like:
                 mapped = mapper.input_axes(node, axis) or []
@@ -120,7 +141,13 @@ def size_source_off_region(
     ``node`` is computed from, if any."""
     for name in node.inputs:
         # An input that is itself sliced (scattered, or computed from a slice) is no size.
-        if name and name not in sources.derived and name not in region and name not in reached:
+        if (
+            name
+            and name not in sources.derived
+            and name not in region
+            and name not in reached
+            and sources.sizes(node, name)
+        ):
             for source in sorted(sources.of(name)):
                 if source not in region and source not in reached:
                     return source

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
 import pytest
 from conftest import run_cli
+from projection_count import projection_share_on_slices
 from test_lengths_real import REAL, default_plan
 
 from shardcheck import load_index
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.hints.files import read_hints
 from shardcheck.planning.plan import make_plan
-from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
 
 # Each export's decoder length (its decoder input's second dim, read in the graph inputs).
 DECODER_DIM = {
@@ -29,38 +28,6 @@ DECODER_DIM = {
     "ts_t5_tiny": "target",
     "dynamo_transformer_seq2seq": "target",
 }
-# The ops the shard's model computes lengths with: a Shape of a slice is no slice of data.
-LENGTH_OPS = frozenset(["Shape", "Size"])
-
-
-def projection_share_on_slices(multi_device: Path) -> float:
-    """The share of the projection and MLP FLOPs that run on slices in a multi-device model:
-    each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, the same number
-    of tokens for each at one length; it runs on slices when its data input is computed from a
-    reduce-scatter's output and no all-gather lies between them."""
-    graph = onnx.load(str(multi_device)).graph
-    weights = {init.name: list(init.dims) for init in graph.initializer}
-    sliced: set[str] = set()
-    on_slices = total = 0
-    for node in graph.node:  # in a topological order, as the shard writes them
-        if node.op_type == COLLECTIVE_OP:
-            operation = next(
-                a.s.decode() for a in node.attribute if a.name == "collective_operation"
-            )
-            if operation == REDUCE_SCATTER:
-                sliced.update(node.output)
-            continue
-        if node.op_type in LENGTH_OPS:
-            continue
-        reads_slice = any(name in sliced for name in node.input)
-        if reads_slice:
-            sliced.update(node.output)
-        if node.op_type in ("MatMul", "Gemm") and len(weights.get(node.input[1], ())) == 2:
-            rows, columns = weights[node.input[1]]
-            total += 2 * rows * columns
-            on_slices += 2 * rows * columns if node.input[0] in sliced else 0
-    assert total, "no projection found"
-    return on_slices / total
 
 
 @pytest.mark.parametrize("name", sorted(DECODER_DIM))

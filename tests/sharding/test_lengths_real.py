@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, run_cli
+from projection_count import projection_share_on_slices
 
 from shardcheck import load_index
 from shardcheck.hints.files import read_hints
@@ -35,9 +36,13 @@ SPLIT_BY_DEFAULT = [
     "dynamo_distilbert_tiny",
     "dynamo_pair_mask_encoder",
     "ts_sdpa_causal",
+    "ts_qwen3_moe_tiny",
+    "dynamo_mixtral_moe_tiny",
 ]
+# The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
+TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2}
 # Where the Polygraphy format already splits everything: gen writes no extension.
-PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny"]
+PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny", "ts_qwen3_moe_tiny"]
 
 
 def default_plan(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
@@ -55,6 +60,11 @@ def test_the_default_plan_splits_the_projections_and_stays_exact(name: str, tmp_
     plan_file = extension or hints
     plan = make_plan(load_index(REAL / f"{name}.onnx"), read_hints(plan_file))
     assert plan.classes["projections"].share_on_slices >= 0.95
+    # Counted again, independently, on the multi-device model shard writes.
+    multi_device = tmp_path / "md.onnx"
+    result = run_cli("shard", REAL / f"{name}.onnx", plan_file, "-o", multi_device)
+    assert result.exit_code == 0, result.stderr
+    assert projection_share_on_slices(multi_device, TOP_K.get(name, 1)) >= 0.95
     for ranks in (2, 4):
         for batch in (1, 2):
             result = run_cli(

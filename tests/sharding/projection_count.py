@@ -1,0 +1,61 @@
+"""An independent count of the projection and MLP work that runs on slices in the
+multi-device model ``shardcheck shard`` writes: planning/ counts it one way, this another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from shardcheck.sharding.rewrite import COLLECTIVE_OP, REDUCE_SCATTER
+
+# The ops the shard's model computes lengths with: a Shape of a slice is no slice of data.
+LENGTH_OPS = frozenset(["Shape", "Size"])
+# The ops a mixture of experts picks each token's experts' matrices out of their stack with.
+PICKS = frozenset(["Gather", "GatherND"])
+
+
+def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
+    """The share of the projection and MLP FLOPs that run on slices in a multi-device model:
+    each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, the same number
+    of tokens for each at one length; a MatMul by a matrix that a Gather or GatherND picks out
+    of stacked expert weights [E, N, K] costs 2·N·K for each of a token's ``top_k`` experts. It
+    runs on slices when its data input is computed from a reduce-scatter's output and no
+    all-gather lies between them."""
+    graph = onnx.load(str(multi_device)).graph
+    weights = {init.name: list(init.dims) for init in graph.initializer}
+    picked = {
+        node.output[0]: weights[node.input[0]][1:]
+        for node in graph.node
+        if node.op_type in PICKS and len(weights.get(node.input[0], ())) == 3
+    }
+    sliced: set[str] = set()
+    on_slices = total = 0
+    for node in graph.node:  # in a topological order, as the shard writes them
+        if node.op_type == COLLECTIVE_OP:
+            operation = next(
+                a.s.decode() for a in node.attribute if a.name == "collective_operation"
+            )
+            if operation == REDUCE_SCATTER:
+                sliced.update(node.output)
+            continue
+        if node.op_type in LENGTH_OPS:
+            continue
+        reads_slice = any(name in sliced for name in node.input)
+        if reads_slice:
+            sliced.update(node.output)
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        if len(weights.get(node.input[1], ())) == 2:
+            rows, columns = weights[node.input[1]]
+            cost, data = 2 * rows * columns, node.input[0]
+        elif node.op_type == "MatMul" and node.input[0] in picked:
+            rows, columns = picked[node.input[0]]
+            cost, data = 2 * rows * columns * top_k, node.input[1]
+        else:
+            continue
+        total += cost
+        on_slices += cost if data in sliced else 0
+    assert total, "no projection found"
+    return on_slices / total
