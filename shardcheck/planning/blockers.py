@@ -13,10 +13,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from shardcheck.analysis.axes import carries_any
+from shardcheck.analysis.axes import AxisMapper, carries_any
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
 from shardcheck.graph.ops import SHAPE_OPS
+from shardcheck.planning.flops import indexed_weights
 
 MAX_WALK = 20000  # tensors walked back (a bound: the walk is linear in them)
 MAX_SIZED = 400  # tensors followed forward from one Shape
@@ -82,6 +84,87 @@ def find_blockers(
         fixed = _spelled_length(index, shape_of, seq)
         return [fixed] if fixed is not None else []
     return telling if telling else list(first.values())[:1]
+
+
+def unfollowed(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    sequences: tuple[Dim, ...],
+    gathered: Iterable[tuple[str, int]],
+    whole_projections: Iterable[Node],
+    sliced: Callable[[str], bool],
+) -> list[Blocker]:
+    """Where the sequence is not followed after a tensor gathered on the way to projections
+    run whole: the first op in graph order, forward from the ``gathered`` tensors (with their
+    axes) through position-wise ops up to the slices (``sliced``: scattered again, or
+    computed from a slice), that the axis rules (analysis/axes.py) map no output axis
+    of to the input's sequence axis, and that projections run whole are computed from. The
+    gather stands before it, and so all that follows runs whole: a mixture of experts' routed
+    products (weights picked per token, ``indexed_weights``) are named as the experts."""
+    whole = list(whole_projections)
+    # A model of fixed length: its head splits spelling the length stop the walk, and
+    # ``_spelled_length`` names the first.
+    if not whole or not sequences or isinstance(sequences[0], int):
+        return []
+    derived = data_derived(index)
+    feeding = _ancestors(index, whole, derived)
+    mapper = AxisMapper(index, shapes, sequences[0], sequences[1:])
+    queue, seen = deque(gathered), set()
+    stops: set[int] = set()
+    while queue and len(seen) < MAX_WALK:
+        tensor, axis = queue.popleft()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for reader in index.consumers_of(tensor):
+            if reader.op_type in SHAPE_OPS:
+                continue
+            out_axis = mapper.output_axis(reader, tensor, axis)
+            if out_axis is not None:
+                if not sliced(reader.outputs[0]):
+                    queue.append((reader.outputs[0], out_axis))
+            elif reader.index in feeding:
+                stops.add(reader.index)
+    if not stops:
+        return []
+    stop = index.nodes[min(stops)]
+    picked = indexed_weights(index, shapes, derived)
+    experts = any(name in picked for node in whole for name in node.inputs)
+    # An op computed from a router's TopK is the experts' dispatch (tokens listed or
+    # reordered by their experts): the batched form picks each token's experts in place.
+    routed = any(index.nodes[at].op_type == "TopK" for at in _ancestors(index, [stop], derived))
+    return [
+        Blocker(
+            ("the experts run whole: " if experts else "")
+            + f"the sequence is not followed through {stop.op_type} {stop.label}",
+            stop.inputs[0] if stop.inputs else "",
+            stop.label,
+            (
+                "export the experts batched (transformers' experts_implementation="
+                '"batched_mm"), whose dispatch is followed token by token'
+                if experts and routed
+                else "an op that mixes positions keeps what follows it whole; "
+                "if this one does not, shardcheck has no rule for it there"
+            ),
+        )
+    ]
+
+
+def _ancestors(index: GraphIndex, nodes: list[Node], derived: set[str]) -> set[int]:
+    """The nodes that ``nodes`` are computed from through data (``nodes`` too)."""
+    found = {node.index for node in nodes}
+    pending = [name for node in nodes for name in node.inputs if name in derived]
+    seen = set(pending)
+    while pending and len(seen) < MAX_WALK:
+        producer = index.producer_of(pending.pop())
+        if producer is None or producer.index in found:
+            continue
+        found.add(producer.index)
+        for name in producer.inputs:
+            if name in derived and name not in seen:
+                seen.add(name)
+                pending.append(name)
+    return found
 
 
 def _spelled_length(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from shardcheck.analysis.einsum import node_equation
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.graph.index import Node
+from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import (
     ELEMENTWISE,
     MATMULS,
@@ -36,8 +36,12 @@ from shardcheck.graph.ops import (
 )
 
 # The ops whose FLOPs are the products of their operands: "projections and MLP" when one
-# operand is a weight, the attention core inside a layer.
+# operand is a weight (``indexed_weights``), the attention core inside a layer.
 PRODUCT_OPS = MATMULS | frozenset(("MatMulInteger", "Gemm", "Einsum", "Conv"))
+# The ops that pick or lay out parts of their first input: of a weight, a weight still.
+_INDEXING = frozenset(
+    ("Gather", "GatherND", "Slice", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity")
+) | frozenset(("Cast", "CastLike"))
 _FREE = frozenset(("Identity", "Cast", "CastLike", "Dropout"))
 _PER_OUTPUT_ELEMENT = (ELEMENTWISE - _FREE) | NORMALISATIONS
 
@@ -59,6 +63,39 @@ def node_flops(shapes: ShapeInference, node: Node) -> int | None:
     if fused_attention_inputs(node.domain, op) is not None:
         return _fused_attention(shapes, node)
     return 0
+
+
+def indexed_weights(index: GraphIndex, shapes: ShapeInference, derived: set[str]) -> set[str]:
+    """The tensors of ``derived`` (data-derived) that are weights all the same: computed from
+    a weight only by indexing ops, with indices from the data, as a mixture of experts picks
+    each token's experts' matrices (``Gather``/``GatherND`` of the stacked expert weights).
+
+    A gather counts where each index picks a whole matrix (a slice of two axes or more): an
+    embedding lookup picks one row of its table per token, an activation."""
+    found: set[str] = set()
+    for node in index.nodes:
+        if node.op_type not in _INDEXING or not node.inputs or not node.outputs:
+            continue
+        data = node.inputs[0]
+        if not data or not (data in found or data not in derived):
+            continue
+        if node.op_type.startswith("Gather") and not _picks_matrices(shapes, node):
+            continue
+        if node.outputs[0] in derived:
+            found.add(node.outputs[0])
+    return found
+
+
+def _picks_matrices(shapes: ShapeInference, node: Node) -> bool:
+    data_rank = shapes.rank(node.inputs[0])
+    if data_rank is None or len(node.inputs) < 2:
+        return False
+    if node.op_type == "Gather":
+        return data_rank - 1 >= 2
+    indices = shapes.shape(node.inputs[1])  # GatherND: its last axis indexes the data's first
+    if not indices or not isinstance(indices[-1], int) or node.attr("batch_dims", 0):
+        return False
+    return data_rank - indices[-1] >= 2
 
 
 def _concrete(shapes: ShapeInference, tensor: str) -> Concrete | None:

@@ -33,8 +33,8 @@ from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.hints.model import ShardHints
 from shardcheck.planning.activations import peak_bytes, tensor_bytes
-from shardcheck.planning.blockers import Blocker, find_blockers
-from shardcheck.planning.flops import PRODUCT_OPS, node_flops
+from shardcheck.planning.blockers import Blocker, find_blockers, unfollowed
+from shardcheck.planning.flops import PRODUCT_OPS, indexed_weights, node_flops
 from shardcheck.planning.rank_shapes import RankShapes, rank_shapes
 from shardcheck.planning.traffic import Collective, collectives
 from shardcheck.runtime.settings import refuse_bad_ranks, refuse_bad_seq_len
@@ -157,6 +157,9 @@ def make_plan(
     blockers = find_blockers(
         index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, sequences
     )
+    gathered = [(c.tensor, c.axis) for c in moved if c.role == "gather output"]
+    resliced = set(scattered).union(sliced_tensors).__contains__
+    blockers += unfollowed(index, shapes, sequences, gathered, whole_projections, resliced)
     return Plan(
         **{part.name: getattr(count, part.name) for part in fields(FlopCount)},
         hints=hints_source,
@@ -215,7 +218,7 @@ def _count(
     per_rank = 0
     uncounted = 0
     sliced: set[int] = set()
-    class_of = _classes(index, layers)
+    class_of = _classes(index, shapes, layers)
     for node in index.nodes:
         copy = found.copy_of.get(node.index)
         if copy is None:  # computes lengths that the extension's copies compute instead
@@ -309,9 +312,10 @@ def _elem_types(found: RankShapes) -> dict[str, int]:
     return infer_elem_types(nodes, known, same_as_input=COLLECTIVE_OP)
 
 
-def _classes(index: GraphIndex, layers: list[AttentionLayer]):  # type: ignore[no-untyped-def]
+def _classes(index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]):  # type: ignore[no-untyped-def]
     core = {at for layer in layers for at in layer.internal}
     derived = data_derived(index)
+    derived -= indexed_weights(index, shapes, derived)
 
     def class_of(node: Node) -> str:
         if node.index in core:

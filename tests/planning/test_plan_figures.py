@@ -122,6 +122,43 @@ def test_sdpa_causal_by_hand() -> None:
     assert plan.flops_per_rank == (attention + q_scale) // N + projections + other_whole
 
 
+# The mixtures of experts of fixtures/real: a token's top-2 experts, each of their products
+# [1, K] by the expert's [K, N] (2·K·N FLOPs) for each of the S·2 (token, expert) pairs.
+MOE_EXPERTS = {
+    # TorchScript: each token's experts' weights a Gather of the stacked [E, N, K] weights.
+    "ts_qwen3_moe_tiny": (
+        "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.down_proj",
+    ),
+    # dynamo (batched_mm): a GatherND of them.
+    "dynamo_mixtral_moe_tiny": ("val_266", "val_275"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_EXPERTS))
+def test_the_experts_are_counted_as_mlp_work_by_hand(name: str) -> None:
+    """Per layer: q and o [32, 32], k and v [32, 16] (4 query, 2 K/V heads of 8), the router
+    [32, 4 experts], and the experts' two products per routed token; 2 layers. explain counts
+    it all as projections and MLP, on slices."""
+    path = REAL / f"{name}.onnx"
+    gate_up, down = (_weight_dims(path, weight) for weight in MOE_EXPERTS[name])
+    experts, top_k = 4, 2
+    assert gate_up[0] == down[0] == experts
+    attention_projections = 2 * S * 32 * (32 + 16 + 16 + 32)
+    router = 2 * S * 32 * experts
+    routed = S * top_k
+    expert_products = routed * (2 * gate_up[1] * gate_up[2] + 2 * down[1] * down[2])
+    if name == "ts_qwen3_moe_tiny":  # intermediate 32: gate and up [64, 32], down [32, 32]
+        assert expert_products == 128 * (2 * 64 * 32 + 2 * 32 * 32) == 786432
+    else:  # intermediate 64: gate and up [128, 32], down [32, 64]
+        assert expert_products == 128 * (2 * 128 * 32 + 2 * 32 * 64) == 1572864
+    by_hand = 2 * (attention_projections + router + expert_products)
+    result = run_cli("explain", path, "--seq-len", S, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    projections = json.loads(result.stdout)["plan"]["flops"]["by_class"]["projections"]
+    assert projections == {"on_slices": by_hand, "whole": 0, "share_on_slices": 1.0}
+
+
 def test_four_ranks_divide_the_slices_by_four() -> None:
     path = FIXTURES / "attention_head.onnx"
     two, four = _plan(path, ranks=2), _plan(path, ranks=4)

@@ -1,0 +1,103 @@
+"""explain's "what keeps work whole" for a mixture of experts that runs whole (issue 27).
+
+Each model: one attention head over x [1, S, 16], then a mixture of 4 experts (top 1): a
+router by [16, 4], TopK, each token's expert matrix a Gather of the stacked [4, 16, 16]
+weights, multiplied by the token. Between the attention and the experts, one op the sequence
+is not followed through, so gen gathers before it and every rank runs the experts whole: a
+CumSum along the sequence (it mixes positions), or a dispatch that reorders the tokens by
+their experts' indices (GatherElements along the sequence).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+
+from shardcheck.generation.generate import generate
+from shardcheck.generation.options import GenOptions
+from shardcheck.graph.loader import load_index
+from shardcheck.planning.plan import make_plan
+
+D, E = 16, 4
+
+
+def _weight(name: str, shape: tuple[int, ...], seed: int) -> onnx.TensorProto:
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return onnx.numpy_helper.from_array(values, name)
+
+
+def _moe_model(between: str) -> onnx.ModelProto:
+    nodes = [
+        *(oh.make_node("MatMul", ["x", f"W_{p}"], [p], name=f"mm{p}") for p in "qkv"),
+        oh.make_node("Transpose", ["k"], ["kT"], name="t", perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "kT"], ["scores"], name="scores"),
+        oh.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        oh.make_node("MatMul", ["probs", "v"], ["attended"], name="context"),
+        oh.make_node("MatMul", ["attended", "W_router"], ["logits"], name="router"),
+        oh.make_node("TopK", ["logits", "one"], ["top", "expert"], name="topk", axis=-1),
+        oh.make_node("Squeeze", ["expert", "last"], ["expert_id"], name="squeeze_id"),
+        oh.make_node("Gather", ["W_experts", "expert_id"], ["picked"], name="pick", axis=0),
+    ]
+    if between == "cumsum":
+        nodes.append(oh.make_node("CumSum", ["attended", "seq_axis"], ["tokens"], name="cumsum"))
+    else:  # each row of a token's hidden state read at its expert's index along the sequence
+        nodes += [
+            oh.make_node("Shape", ["attended"], ["attended_shape"], name="shape"),
+            oh.make_node("Expand", ["expert", "attended_shape"], ["rows"], name="expand"),
+            oh.make_node(
+                "GatherElements", ["attended", "rows"], ["tokens"], name="dispatch", axis=1
+            ),
+        ]
+    nodes += [
+        oh.make_node("Unsqueeze", ["tokens", "minus_two"], ["token_rows"], name="rows_of"),
+        oh.make_node("MatMul", ["token_rows", "picked"], ["expert_out"], name="expert"),
+        oh.make_node("Squeeze", ["expert_out", "minus_two"], ["y"], name="squeeze_out"),
+    ]
+    ints = {"one": [1], "last": [-1], "seq_axis": 1, "minus_two": [-2]}
+    constants = [
+        onnx.numpy_helper.from_array(np.array(value, dtype=np.int64), name)
+        for name, value in ints.items()
+    ]
+    weights = [_weight(f"W_{p}", (D, D), seed) for seed, p in enumerate("qkv")]
+    weights += [_weight("W_router", (D, E), 3), _weight("W_experts", (E, D, D), 4)]
+    shape = ["batch", "sequence", D]
+    graph = oh.make_graph(
+        nodes,
+        f"moe_{between}",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        weights + constants,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("between", "stop", "fix"),
+    [
+        ("cumsum", "CumSum cumsum", "an op that mixes positions keeps what follows it whole"),
+        ("dispatch", "GatherElements dispatch", "export the experts batched"),
+    ],
+)
+def test_whole_experts_are_named_with_what_keeps_them_whole(
+    between: str, stop: str, fix: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / f"moe_{between}.onnx"
+    onnx.save(_moe_model(between), str(path))
+    index = load_index(path)
+    plan = make_plan(index, generate(index, GenOptions()).hints, seq_len=64)
+    # The attended tokens are gathered for the op after them, and so for the router too:
+    # the router's product (2·16·4 per token) and the experts' (2·16·16) run whole; q, k
+    # and v (3 of 2·16·16) on slices.
+    assert plan.classes["projections"].whole == 64 * (2 * D * E + 2 * D * D)
+    assert plan.classes["projections"].on_slices == 64 * 3 * 2 * D * D
+    named = [b for b in plan.blockers if b.what.startswith("the experts run whole")]
+    assert [b.what for b in named] == [
+        f"the experts run whole: the sequence is not followed through {stop}"
+    ]
+    assert named[0].fix.startswith(fix)
