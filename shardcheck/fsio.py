@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import stat
 import sys
 import tempfile
@@ -165,13 +166,16 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     if target.exists() and not target.is_file() and not target.is_symlink():
         _write_in_place(target, write)  # a device or a pipe (-o /dev/null): never replaced
         return
+    temp_name: str | None = None
+    held = _hold_stop_signals()
     try:
-        handle, temp_name = tempfile.mkstemp(
-            prefix=f".{_temp_stem(target.name)}.", suffix=".tmp", dir=directory
-        )
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
-    try:
+        try:
+            handle, temp_name = tempfile.mkstemp(
+                prefix=f".{_temp_stem(target.name)}.", suffix=".tmp", dir=directory
+            )
+        finally:
+            # A stop that came meanwhile is raised from here on, where the file is cleaned.
+            _release_stop_signals(held)
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
@@ -179,12 +183,33 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
         _copy_mode(target, temp_name)
         os.replace(temp_name, target)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
+        if temp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp_name)
         if isinstance(exc, OSError):
             raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from None
         raise
     _fsync_directory(directory)
+
+
+# The signals that stop a command (cli/stops.py raises them as KeyboardInterrupt).
+_STOP_SIGNALS = frozenset(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _hold_stop_signals() -> set[signal.Signals] | None:
+    """Hold the stop signals back while a temporary file is made: one raised between its
+    creation and the code that removes it on failure would leave it behind. The mask as it
+    was, to give back; None where the platform cannot hold signals."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _release_stop_signals(held: set[signal.Signals] | None) -> None:
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _temp_stem(name: str) -> str:

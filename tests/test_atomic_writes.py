@@ -24,6 +24,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import onnx
 import pytest
 from conftest import FIXTURES, GOLDEN, ROOT, run_cli
 
+from shardcheck import fsio
 from shardcheck.hints.codec import dumps
 from shardcheck.hints.files import read_hints
 
@@ -263,3 +265,24 @@ def test_an_output_that_is_a_link_replaces_the_file_it_points_to(
     assert link.is_symlink() and link.resolve() == target.resolve()
     assert read_hints(target) == read_hints(HINTS)
     assert sorted(p.name for p in shared.iterdir()) == ["hints.json"]  # no temporary left
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks here")
+def test_a_stop_as_the_temporary_file_is_made_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGINT sent the moment the temporary file exists, before the writer could know its
+    # name: held back until it does, then raised, and the file is removed.
+    made = tempfile.mkstemp
+
+    def mkstemp_then_interrupted(*args: object, **kwargs: object) -> tuple[int, str]:
+        found = made(*args, **kwargs)  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGINT)
+        return found
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_interrupted)
+    target = tmp_path / "out.json"
+    with pytest.raises(KeyboardInterrupt):
+        fsio.atomic_write_text(target, "{}\n")
+    assert list(tmp_path.iterdir()) == []
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
