@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
+import secrets
 import stat
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -167,15 +166,18 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
         _write_in_place(target, write)  # a device or a pipe (-o /dev/null): never replaced
         return
     temp_name: str | None = None
-    held = _hold_stop_signals()
     try:
-        try:
-            handle, temp_name = tempfile.mkstemp(
-                prefix=f".{_temp_stem(target.name)}.", suffix=".tmp", dir=directory
-            )
-        finally:
-            # A stop that came meanwhile is raised from here on, where the file is cleaned.
-            _release_stop_signals(held)
+        handle = -1
+        for _ in range(_TEMP_NAMES_TRIED):
+            # The name is known before the file exists: a stop (a signal's KeyboardInterrupt)
+            # raised the moment after its creation still finds it to remove. mkstemp's name is
+            # only known once it returns.
+            temp_name = os.path.join(directory, f".{_temp_stem(target.name)}.{_token()}.tmp")
+            with contextlib.suppress(FileExistsError):
+                handle = os.open(temp_name, _TEMP_FLAGS, 0o600)
+                break
+        if handle < 0:
+            raise FileExistsError(f"no free temporary name in {directory}")
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
@@ -192,24 +194,23 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     _fsync_directory(directory)
 
 
-# The signals that stop a command (cli/stops.py raises them as KeyboardInterrupt).
-_STOP_SIGNALS = frozenset(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+# A temporary file is made as mkstemp makes one: exclusively, readable by its owner only, never
+# through a link, and not inherited by a child process.
+_TEMP_FLAGS = (
+    os.O_RDWR
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
 )
 
 
-def _hold_stop_signals() -> set[signal.Signals] | None:
-    """Hold the stop signals back while a temporary file is made: one raised between its
-    creation and the code that removes it on failure would leave it behind. The mask as it
-    was, to give back; None where the platform cannot hold signals."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+_TEMP_NAMES_TRIED = 100  # as mkstemp tries
 
 
-def _release_stop_signals(held: set[signal.Signals] | None) -> None:
-    if held is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+def _token() -> str:
+    return secrets.token_hex(4)
 
 
 def _temp_stem(name: str) -> str:

@@ -24,7 +24,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -267,22 +266,29 @@ def test_an_output_that_is_a_link_replaces_the_file_it_points_to(
     assert sorted(p.name for p in shared.iterdir()) == ["hints.json"]  # no temporary left
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks here")
-def test_a_stop_as_the_temporary_file_is_made_leaves_no_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_a_stop_the_moment_the_temporary_file_exists_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_thread: bool
 ) -> None:
-    # SIGINT sent the moment the temporary file exists, before the writer could know its
-    # name: held back until it does, then raised, and the file is removed.
-    made = tempfile.mkstemp
+    # SIGINT the moment the temporary file is made (as a signal that comes while the process
+    # returns from the open): its KeyboardInterrupt is raised there, and the file is removed.
+    # With another thread alive (shard's progress line), the kernel may hand the signal to it.
+    opened = os.open
+    stop = threading.Event()
+    if other_thread:
+        threading.Thread(target=stop.wait, daemon=True).start()
 
-    def mkstemp_then_interrupted(*args: object, **kwargs: object) -> tuple[int, str]:
-        found = made(*args, **kwargs)  # type: ignore[call-overload]
-        os.kill(os.getpid(), signal.SIGINT)
-        return found
+    def open_then_interrupted(path: str, flags: int, mode: int = 0o777) -> int:
+        handle = opened(path, flags, mode)
+        if str(path).endswith(".tmp"):
+            os.kill(os.getpid(), signal.SIGINT)
+        return handle
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_interrupted)
+    monkeypatch.setattr(fsio.os, "open", open_then_interrupted)
     target = tmp_path / "out.json"
-    with pytest.raises(KeyboardInterrupt):
-        fsio.atomic_write_text(target, "{}\n")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fsio.atomic_write_text(target, "{}\n")
+    finally:
+        stop.set()
     assert list(tmp_path.iterdir()) == []
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
