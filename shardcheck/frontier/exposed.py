@@ -1,14 +1,17 @@
 """Graph outputs that expose what ranks would hold slices of (HF ``output_hidden_states`` and
 ``output_attentions``, Q given out, an input passed straight to an output).
 
-A graph output is what every rank gives out whole. Gathering a tensor hands all its consumers
-the whole sequence, so:
+A graph output is what every rank gives out whole. In the Polygraphy format, gathering a tensor
+hands all its consumers the whole sequence, so:
 
 - a tensor the walk back reaches (a hidden state between layers, an input) is computed whole:
   the cut moves past it to its consumers;
 - a layer's Q or inside (its scores, its probabilities) is gathered where it is given out (Q
   left unscattered where it is a cut): the layer computes whole from there on, its output is
   whole on every rank, and what reads that output beside a slice needs the slice whole too.
+
+The extension instead gathers each of them for the graph output alone
+(``gathered_for_output``): the ranks keep computing on their slices.
 """
 
 from __future__ import annotations
@@ -28,6 +31,36 @@ def exposed_in_region(index: GraphIndex, region: Region, seeds: set[str]) -> set
     """The graph outputs among the tensors of ``region`` other than the walk's ``seeds`` (a
     layer's Q is handled with its layer, below): to be computed whole."""
     return {name for name in index.graph_outputs if name in region.tensors and name not in seeds}
+
+
+def passed_through(index: GraphIndex, shapes: ShapeInference, seq: object) -> list[tuple[str, int]]:
+    """The graph outputs that copy a tensor (an Identity: an input given out as it came in),
+    with their one sequence axis: the extension walks back from them too, so that the ranks
+    copy their slices, gathered for the graph output, and the copied tensor can be a cut."""
+    found = []
+    for name in index.graph_outputs:
+        producer = index.producer_of(name)
+        if producer is None or producer.op_type != "Identity":
+            continue
+        axes = [axis for axis, dim in enumerate(shapes.shape(name) or ()) if dim == seq]
+        if len(axes) == 1:
+            found.append((name, axes[0]))
+    return found
+
+
+def gathered_for_output(
+    index: GraphIndex, region: Region, seeds: set[str], exposed: ExposedLayers
+) -> dict[str, int]:
+    """The extension's graph outputs that ranks hold slices of, with their axes: the region's
+    (on the axis the walk gave them) and the layers' exposed insides (``exposed``, found with
+    ``first_only`` False). Each is gathered for the graph output alone, so none is whole."""
+    found = {
+        name: region.tensors[name]
+        for name in exposed_in_region(index, region, seeds)
+        if name not in exposed.points
+    }
+    found.update(exposed.points)
+    return found
 
 
 @dataclass
@@ -65,9 +98,15 @@ class ExposedLayers:
 
 
 def exposed_layers(
-    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    *,
+    first_only: bool = True,
 ) -> ExposedLayers:
-    """Which layers give out their Q or a tensor inside them as a graph output."""
+    """Which layers give out their Q or a tensor inside them as a graph output; with
+    ``first_only`` False, each of them (gathered for the graph output alone, none makes the
+    layer whole)."""
     found = ExposedLayers()
     given_out = set(index.graph_outputs)
     for layer in layers:
@@ -81,7 +120,8 @@ def exposed_layers(
                 rank = shapes.rank(output)
                 if output in given_out and output != layer.output and rank and rank >= 2:
                     points[output] = rank - 2
-        points = _first_given_out(index, layer, points)
+        if first_only:
+            points = _first_given_out(index, layer, points)
         if points:
             found.points.update(points)
             found.outputs.add(layer.output)

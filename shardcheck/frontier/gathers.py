@@ -29,9 +29,13 @@ def walk_forward(
     *,
     sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
+    given_out: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], set[int]]:
     """The tensors to gather, and the position-wise nodes after the attention layers; a
     tensor gathered that also feeds position-wise ops is warned of in ``warnings``.
+
+    With ``given_out`` (the extension's walk), a graph output that no op mixing positions
+    reads goes there instead, with its axis: it is gathered for the graph output alone.
 
     With ``reads_whole``, a node that also reads a tensor every rank holds whole along the
     same axis (data, not a broadcast) gets the gathered tensor: ConvBERT concatenates each
@@ -68,7 +72,7 @@ def walk_forward(
         if tensor in seen or tensor in barriers:
             continue
         seen.add(tensor)
-        if tensor in graph_outputs:
+        if tensor in graph_outputs and given_out is None:
             outputs[tensor] = axis
         mixing = []
         users = 0
@@ -98,8 +102,10 @@ def walk_forward(
                     # Its indices too (a mixture of experts' picks): what their Shape sizes
                     # is sized by a slice.
                     queue.append((consumer.outputs[1], out_axis))
-        if mixing and tensor not in graph_outputs:
+        if mixing and (tensor not in graph_outputs or given_out is not None):
             outputs[tensor] = axis
+        elif tensor in graph_outputs and given_out is not None:
+            given_out[tensor] = axis
         if tensor in outputs and len(mixing) != users:
             why = "a graph output" if tensor in graph_outputs else f"read by {mixing[0].label}"
             warnings.append(

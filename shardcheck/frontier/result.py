@@ -20,6 +20,9 @@ class Frontier:
     # The nodes that run on slices before the layers (the region walked back from them), by
     # index: the extension's lengths are given by them (sharding/lengths.py).
     region_nodes: frozenset[int] = frozenset()
+    # The extension's outputs gathered for the graph output alone (their other consumers keep
+    # the slices), in the order of ``outputs``.
+    for_output: tuple[str, ...] = ()
 
 
 class GraphOrder:

@@ -20,7 +20,13 @@ from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.exactness import warn_no_exact_cut
-from shardcheck.frontier.exposed import exposed_in_region, exposed_layers
+from shardcheck.frontier.exposed import (
+    ExposedLayers,
+    exposed_in_region,
+    exposed_layers,
+    gathered_for_output,
+    passed_through,
+)
 from shardcheck.frontier.gathers import WholeReads, gathered_kv, walk_forward
 from shardcheck.frontier.masks import layer_seeds, whole_sized_masks
 from shardcheck.frontier.region import BackWalk
@@ -78,13 +84,18 @@ def find_frontier(
     mapper = AxisMapper(index, shapes, seq, others)
     derived = data_derived(index)
     seeds = list(layer_seeds(index, shapes, mapper, layers))
+    # The extension walks back from the graph outputs that copy a tensor too (exposed.py).
+    copies = passed_through(index, shapes, seq) if lengths_by_reader else []
+    seeds.extend(copies)
 
     # Tensors that must be computed whole on every rank. A cut next to one of them moves to
     # its consumers; rounds repeat until nothing new must be whole (each round moves forward).
     # A layer computing Q, K and V from one input (a packed com.microsoft Attention) gets that
     # input gathered as its K and V, and so its Q: its output is whole on every rank.
-    # So is the output of a layer whose Q or inside is a graph output, gathered there.
-    exposed = exposed_layers(index, shapes, layers)
+    # So is the output of a layer whose Q or inside is a graph output, gathered there; but in
+    # the extension, which gathers what is given out for the graph output alone.
+    exposed = exposed_layers(index, shapes, layers, first_only=not lengths_by_reader)
+    given_out, exposed = (exposed, ExposedLayers()) if lengths_by_reader else (None, exposed)
     whole: set[str] = {layer.output for layer in layers if layer.packed} | exposed.outputs
     layer_outputs = {layer.output: layer for layer in layers if layer.output not in whole}
     # This first walk only gives the nodes after the layers; the last one, once the region is
@@ -120,7 +131,8 @@ def find_frontier(
             if not lengths_by_reader:
                 needed |= sized_whole(index, mapper, sources, walked)
             needed |= sliced_beside(ids, walked)
-            needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
+            if given_out is None:
+                needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
             needed |= exposed.read_beside(index, layers, walked)
             needed -= whole
             masks = whole_sized_masks(
@@ -135,6 +147,7 @@ def find_frontier(
             whole |= needed
             seeds.extend(masks)
         gather_warnings: list[str] = []
+        given_forward: dict[str, int] | None = None if given_out is None else {}
         # Again, now that the region is known: a position-wise op sized by a whole tensor's Shape
         # (a Reshape back to [batch, sequence, hidden] with the length of an unsliced input) gets
         # the gathered tensor.
@@ -149,6 +162,7 @@ def find_frontier(
             inside_layers,
             sized=not lengths_by_reader,
             whole_outputs=frozenset(exposed.outputs),
+            given_out=given_forward,
         )
         whole_when_read = [ids.id[name] for name in (*gathered, *gathered_kv(layers))]
         late = sized_by_slices(index, shapes, sources, walked, gathered, whole_when_read) - whole
@@ -162,7 +176,19 @@ def find_frontier(
     )
     result.region_nodes = frozenset(walked.nodes)
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
+    for_output: set[str] = set()
+    if given_out is not None:
+        seen = {tensor for tensor, _ in seeds} - {name for name, _ in copies}
+        found = {**(given_forward or {}), **gathered_for_output(index, walked, seen, given_out)}
+        # One that only the graph output reads (a Shape aside) is gathered as in the hints.
+        for_output = {
+            name
+            for name in set(found) - set(gathered)
+            if any(node.op_type not in SHAPE_OPS for node in index.consumers_of(name))
+        }
+        gathered.update((name, found[name]) for name in set(found) - set(gathered))
     result.outputs = in_graph_order(order, shapes, gathered)
+    result.for_output = tuple(tensor.name for tensor in result.outputs if tensor.name in for_output)
     warn_no_exact_cut(
         index,
         shapes,
@@ -191,9 +217,11 @@ def _gathered(
     *,
     sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
+    given_out: dict[str, int] | None = None,
 ) -> dict[str, int]:
     """The tensors to gather (with their axes); the warnings of the walk forward go to
-    ``warnings``.
+    ``warnings``; ``given_out``, where given, the graph outputs gathered for themselves alone
+    (the extension's: see walk_forward).
 
     A node that also reads a tensor every rank holds whole gets the gathered tensor. Which
     tensors those are depends on the gathers (what follows one is whole), so the walk takes
@@ -207,6 +235,8 @@ def _gathered(
     for _ in range(MAX_ROUNDS):
         reads_whole = WholeReads(sources.derived, forced, inside_layers)
         walk_warnings: list[str] = []
+        if given_out is not None:
+            given_out.clear()
         gathered, _ = walk_forward(
             index,
             mapper,
@@ -217,6 +247,7 @@ def _gathered(
             reads_whole,
             sized=sized,
             whole_outputs=whole_outputs,
+            given_out=given_out,
         )
         reached = reads_whole.reached
         unsettled = [(node, name) for node, name in reads_whole.pending if name not in reached]

@@ -85,6 +85,7 @@ def extended_plan(
     if not frontier.inputs:
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
+    for_output = frontier.for_output
     if cut == hints and not traced:
         return None
     # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
@@ -95,10 +96,12 @@ def extended_plan(
 
     try:
         # Weightless: these models are counted, never run or written.
-        sharded = shard_model(index, cut, shapes=shapes, detected=layers, weights=False)
+        sharded = shard_model(
+            index, cut, shapes=shapes, detected=layers, weights=False, for_output=for_output
+        )
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         del sharded
-        extended = cut.with_changes(lengths=replace(lengths, traced=traced))
+        extended = cut.with_changes(lengths=replace(lengths, traced=traced, for_output=for_output))
         model = shard_model(given[0], extended, shapes=given[1], detected=given[2], weights=False)
         mixed = mixed_lengths(index, shapes, extended, model)
         if mixed is not None:

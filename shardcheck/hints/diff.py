@@ -24,6 +24,7 @@ _KEYED_COLLECTIONS = {
     "outputs": "name",
     "attention_layers": "q",
     "lengths": "node",
+    "gathered_for_output": "tensor",
 }
 
 
@@ -76,6 +77,8 @@ def canonical(hints: ShardHints) -> dict[str, Any]:
             **dict.fromkeys(hints.lengths.rank, "rank"),
             **dict.fromkeys(hints.lengths.traced, "traced"),
         }
+        if hints.lengths.for_output:  # absent where none, as in the extension file
+            document["gathered_for_output"] = dict.fromkeys(hints.lengths.for_output, "output")
     return document
 
 

@@ -14,14 +14,18 @@ masks sized by a slice's length, head splits by a whole tensor's), gen also writ
         "hints": {... a whole hints document, Polygraphy 0.53.6's format ...},
         "whole_length": ["node", ...],
         "rank_length": ["node", ...],
-        "traced_length": ["node", ...]
+        "traced_length": ["node", ...],
+        "gathered_for_output": ["tensor", ...]
     }
 
 ``whole_length``: the nodes that compute with the whole length (they index data by positions
 computed from a slice's length); ``rank_length``: the Reshapes and Expands of slices whose
 target holds a whole length; ``traced_length`` (only where there are some): the Reshapes whose
-target holds the length a TorchScript trace ran at (``sharding/traced.py``). What the hints
-scatter is computed with the whole length always.
+target holds the length a TorchScript trace ran at (``sharding/traced.py``);
+``gathered_for_output`` (only where there are some): the hinted outputs gathered for the graph
+output alone, their other consumers left on the rank's slice (a hidden state or attention
+probabilities given out beside the layers' compute). What the hints scatter is computed with
+the whole length always.
 The file is used only where it is named: every command that reads hints reads it too.
 """
 
@@ -41,7 +45,8 @@ from shardcheck.wording import shown
 TAG_KEY = "shardcheck_extension"
 TAG = "lengths"
 VERSION = 1
-KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length", "traced_length")
+FOR_OUTPUT = "gathered_for_output"
+KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length", "traced_length", FOR_OUTPUT)
 NODE_LISTS = ("whole_length", "rank_length", "traced_length")
 SUFFIX = ".shardcheck.json"
 
@@ -68,6 +73,8 @@ def encode_extension(hints: ShardHints) -> dict[str, Any]:
     }
     if lengths.traced:  # absent from the other files, which stay as they were
         document["traced_length"] = list(lengths.traced)
+    if lengths.for_output:
+        document[FOR_OUTPUT] = list(lengths.for_output)
     return document
 
 
@@ -123,9 +130,35 @@ def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
         )
     return hints.with_changes(
         lengths=LengthReads(
-            whole=names["whole_length"], rank=names["rank_length"], traced=names["traced_length"]
+            whole=names["whole_length"],
+            rank=names["rank_length"],
+            traced=names["traced_length"],
+            for_output=_gathered_for_output(document, hints, source),
         )
     )
+
+
+def _gathered_for_output(
+    document: Mapping[str, Any], hints: ShardHints, source: str
+) -> tuple[str, ...]:
+    """The extension's ``gathered_for_output``: hinted outputs, each named once."""
+    value = document.get(FOR_OUTPUT, [])
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise HintsFormatError(
+            source, FOR_OUTPUT, f"expected a list of tensor names, got {shown(value)}"
+        )
+    hinted = {tensor.name for tensor in hints.outputs}
+    for name in value:
+        if value.count(name) > 1:
+            raise HintsFormatError(source, FOR_OUTPUT, f"names tensor {shown(name)} twice")
+        if name not in hinted:
+            raise HintsFormatError(
+                source,
+                FOR_OUTPUT,
+                f"{shown(name)} is not among the hints' outputs: only a gathered output can "
+                "be gathered for the graph output alone",
+            )
+    return tuple(value)
 
 
 def loads_hints_or_extension(text: str, source: str) -> ShardHints:

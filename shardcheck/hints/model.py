@@ -67,11 +67,14 @@ class LengthReads:
     length (``rank``: they run on slices, sized by a whole tensor's Shape). The Polygraphy
     format cannot say it: its shard gives a Shape what its tensor's other consumers read.
     ``traced``: the Reshapes that hold the length a TorchScript trace ran at, which the shard
-    first makes compute it from their input (``sharding/traced.py``)."""
+    first makes compute it from their input (``sharding/traced.py``). ``for_output``: the
+    hinted outputs whose all-gather feeds the graph output only (hidden states or attention
+    probabilities given out): their other consumers keep the rank's slice."""
 
     whole: tuple[str, ...] = ()
     rank: tuple[str, ...] = ()
     traced: tuple[str, ...] = ()
+    for_output: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ For native CP, in this order:
    K (the score MatMul's second input, ``k_seq_len_idx``) and V (the context MatMul's second
    input, ``v_seq_len_idx``) when ``gather_kv``; a tensor is gathered once;
 3. unless a layer gathers Q (or gathers K/V that are its Q), every hinted output is all-gathered;
-   a graph output that is gathered is replaced by the gathered tensor.
+   a graph output that is gathered is replaced by the gathered tensor. An output the
+   extension gathers for the graph output only (``gathered_for_output``) keeps its other
+   consumers on the rank's slice.
 
 A layer hinted with ``replace`` (``cp-type fused``) is not gathered: it becomes one fused
 multi-device ``Attention`` instead (``fused.py``), the nodes it replaces and what only they read
@@ -132,21 +134,28 @@ class _Rewriter:
         rank: int | None,
         what: str,
         fields: tuple[str, str] = ("seq_len_idx", "rank"),
+        *,
+        for_output: bool = False,
     ) -> None:
         """Scatter or gather ``source`` (as its consumers now read it) along ``axis``;
-        ``fields``: the hints' names of ``axis`` and ``rank``, for messages."""
+        ``fields``: the hints' names of ``axis`` and ``rank``, for messages. ``for_output``:
+        only the graph output takes the collective's result; the consumers read what they did."""
         head = self.current.get(source, source)
+        moving = not for_output
         perm = None if axis == 0 else self._swap(source, axis, rank, what, fields)
         name = f"{source}/{operation}"
         tensor = head
         if perm is not None:
-            tensor = self._extend(tensor, f"{name}/axis{axis}_to_0", source, perm=perm)
+            tensor = self._extend(
+                tensor, f"{name}/axis{axis}_to_0", source, perm=perm, moving=moving
+            )
         on_axis0 = name if perm is None else f"{name}/on_axis0"
-        tensor = self._extend(tensor, on_axis0, source, operation=operation)
+        tensor = self._extend(tensor, on_axis0, source, operation=operation, moving=moving)
         collective_node = self.inserted[self.slot[tensor]][-1].name
         if perm is not None:
-            tensor = self._extend(tensor, name, source, perm=perm)
-        self.current[source] = tensor
+            tensor = self._extend(tensor, name, source, perm=perm, moving=moving)
+        if moving:
+            self.current[source] = tensor
         self.tails[tensor] = ChainTail(source, operation, collective_node, axis)
 
     def _extend(
@@ -157,8 +166,10 @@ class _Rewriter:
         *,
         operation: str | None = None,
         perm: list[int] | None = None,
+        moving: bool = True,
     ) -> str:
-        """Insert a collective (``operation``) or a Transpose (``perm``) after ``head``."""
+        """Insert a collective (``operation``) or a Transpose (``perm``) after ``head``;
+        ``moving``: its consumers read the new tensor (else only the graph output does)."""
         tail = _unique(wanted_name, self.tensor_names)
         node_name = _unique(tail, self.node_names)
         if operation is not None:
@@ -166,7 +177,7 @@ class _Rewriter:
             node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
         else:
             node = helper.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
-        for consumer, position in self.consumers.pop(head, []):
+        for consumer, position in self.consumers.pop(head, []) if moving else ():
             consumer.input[position] = tail
             self.consumers.setdefault(tail, []).append((consumer, position))
         self._add_uses(node)
@@ -301,6 +312,7 @@ def shard_model(
     shapes: ShapeInference | None = None,
     detected: list[AttentionLayer] | None = None,
     weights: bool = True,
+    for_output: tuple[str, ...] | None = None,
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
@@ -309,6 +321,8 @@ def shard_model(
     ``detected``: the model's layers, when already found (the fused replacements need them).
     ``weights=False``: a model to count, not to run or write (gen's plans): its initializers
     keep their names, types and dims, and their data only where shapes are computed from it.
+    ``for_output``: the outputs gathered for the graph output alone (default: the extension's
+    ``gathered_for_output``), for a plan whose lengths are still to be found.
     """
     hints = validated(hints, hints_source)
     if hints.lengths is not None and hints.lengths.traced:
@@ -363,9 +377,15 @@ def shard_model(
                     )
             q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
     if not q_is_gathered:
+        for_output = _gathered_for_output(index, hints, hints_source, for_output)
         for position, tensor in enumerate(hints.outputs):
             rewriter.collective(
-                tensor.name, ALL_GATHER, tensor.seq_len_idx, tensor.rank, f"outputs[{position}]"
+                tensor.name,
+                ALL_GATHER,
+                tensor.seq_len_idx,
+                tensor.rank,
+                f"outputs[{position}]",
+                for_output=tensor.name in for_output,
             )
     sharded = ShardedModel(
         model=_build_model(index, rewriter, weights),
@@ -390,6 +410,24 @@ def _untraced(
 
     assert hints.lengths is not None
     return untraced_index(index, hints.lengths.traced, hints_source, shapes)
+
+
+def _gathered_for_output(
+    index: GraphIndex, hints: ShardHints, hints_source: str, given: tuple[str, ...] | None
+) -> set[str]:
+    """The outputs gathered for the graph output only (``given``, else the extension's):
+    graph outputs, each."""
+    if given is None:
+        given = hints.lengths.for_output if hints.lengths is not None else ()
+    names = set(given)
+    given_out = set(index.graph_outputs)
+    missing = sorted(names - given_out)
+    if missing:
+        raise HintsMismatchError(
+            f"{hints_source}: gathered_for_output: tensor {missing[0]!r} is not a graph output "
+            f"of the model {index.source}: only a graph output can be gathered for it alone"
+        )
+    return names
 
 
 def _layer_gathers(

@@ -18,8 +18,8 @@ from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.files import read_hints
 from shardcheck.hints.model import ShardHints
 
-# One block whose output projection reads the attention output reshaped to a whole length:
-# its extension lists that one Reshape in rank_length (a rank's length instead).
+# One block that gives out its Q: its extension gathers Q for that graph output alone
+# (gathered_for_output), and the ranks' layer computes on their queries.
 NAME = "ts_query_given_out"
 MODEL = FIXTURES / "real" / f"{NAME}.onnx"
 EXTENSION = GOLDEN / "real" / f"{NAME}.shardcheck.json"
@@ -50,11 +50,12 @@ def project(directory: Path, *, extension: Path = EXTENSION, name: str = NAME) -
 
 
 def broken_extension(directory: Path) -> Path:
-    """The model's extension with its one rank_length entry removed: that Reshape then reshapes
-    a rank's slice to the whole length, which no rank can compute."""
+    """The model's extension with its gathered_for_output removed: Q is then gathered for the
+    layer too, which computes every query, and the Reshape of its output to a rank's length
+    (read off the scattered input) cannot take them."""
     document = json.loads(EXTENSION.read_text())
-    assert document["rank_length"] == ["/block/Reshape_2"]
-    document["rank_length"] = []
+    assert document["gathered_for_output"] == ["q"]
+    del document["gathered_for_output"]
     path = directory / "broken.shardcheck.json"
     path.write_text(json.dumps(document, indent=4) + "\n")
     return path
@@ -90,7 +91,7 @@ def verify_file(model: Path, hints: Path | ShardHints) -> object:
 
 def test_the_broken_extension_fails_verify_where_the_golden_passes(tmp_path: Path) -> None:
     # By hand, as `shardcheck verify MODEL EXT --ranks 2`: the golden passes, the broken fails
-    # in the simulation (SC201) at the Reshape whose length entry was removed.
+    # in the simulation (SC201) at the Reshape that gets every query.
     assert verify_file(MODEL, EXTENSION).ok
     broken = verify_file(MODEL, broken_extension(tmp_path))
     assert not broken.ok
