@@ -8,7 +8,8 @@ from collections import deque
 from collections.abc import Iterable
 
 from shardcheck.analysis.axes import AxisMapper
-from shardcheck.analysis.detect import AttentionLayer, reaches_range
+from shardcheck.analysis.causal import reaches_range
+from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one
 from shardcheck.frontier.gathers import gathered_kv

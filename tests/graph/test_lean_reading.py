@@ -14,7 +14,7 @@ from conftest import FIXTURE_MODELS, FIXTURES
 from onnx import helper as oh
 from onnx import numpy_helper
 
-from shardcheck.analysis.detect import (
+from shardcheck.analysis.causal import (
     _is_triangular,
     _is_triangular_constant,
     _may_be_triangular_constant,
