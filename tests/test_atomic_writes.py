@@ -266,29 +266,28 @@ def test_an_output_that_is_a_link_replaces_the_file_it_points_to(
     assert sorted(p.name for p in shared.iterdir()) == ["hints.json"]  # no temporary left
 
 
-@pytest.mark.parametrize("other_thread", [False, True])
 def test_a_stop_the_moment_the_temporary_file_exists_leaves_no_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_thread: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # SIGINT the moment the temporary file is made (as a signal that comes while the process
-    # returns from the open): its KeyboardInterrupt is raised there, and the file is removed.
-    # With another thread alive (shard's progress line), the kernel may hand the signal to it.
+    # SIGINT to the main thread the moment the temporary file is made (as a signal that comes
+    # while the process returns from the open): its KeyboardInterrupt is raised there, with
+    # Python's own handler, and the file is removed.
     opened = os.open
-    stop = threading.Event()
-    if other_thread:
-        threading.Thread(target=stop.wait, daemon=True).start()
+    main = threading.main_thread().ident
+    assert main is not None
 
     def open_then_interrupted(path: str, flags: int, mode: int = 0o777) -> int:
         handle = opened(path, flags, mode)
         if str(path).endswith(".tmp"):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_kill(main, signal.SIGINT)
         return handle
 
     monkeypatch.setattr(fsio.os, "open", open_then_interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     target = tmp_path / "out.json"
     try:
         with pytest.raises(KeyboardInterrupt):
             fsio.atomic_write_text(target, "{}\n")
     finally:
-        stop.set()
+        signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.iterdir()) == []
