@@ -18,6 +18,7 @@ from shardcheck.generation import messages
 from shardcheck.generation.compat import generate_polygraphy, guess_seq_len_idx_by_name
 from shardcheck.generation.extension import extended_plan
 from shardcheck.generation.fused import fused_replacements
+from shardcheck.generation.inlined import inlined_plan
 from shardcheck.generation.options import GenOptions
 from shardcheck.generation.parts import GenResult, with_options
 from shardcheck.graph.index import GraphIndex, Shape, gc_paused
@@ -38,7 +39,11 @@ def generate(index: GraphIndex, options: GenOptions) -> GenResult:
             result = generate_polygraphy(index, options)
         else:
             result = generate_detected(index, options)
-    about_options = [*messages.about_options(options), *messages.hidden_layers(index)]
+    extension = result.extension
+    inlined = extension is not None and bool(
+        extension.hints.lengths and extension.hints.lengths.inlined
+    )
+    about_options = [*messages.about_options(options), *messages.hidden_layers(index, inlined)]
     if not about_options:
         return result
     return replace(result, warnings=(*result.warnings, *about_options))
@@ -78,7 +83,10 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     hints = with_options(found, options, (layer.q for layer in layers), replacements, contexts)
     extension = None
     declined: list[str] = []
-    if frontier is not None and options.extension:
+    if options.extension and options.io == "frontier" and not options.no_suggest_io:
+        # Attention inside model-local functions: the plan of the model with them inlined.
+        extension = inlined_plan(index, options, hints, declined)
+    if frontier is not None and options.extension and extension is None:
         extension = extended_plan(index, shapes, layers, hints, len(frontier.warnings), declined)
     return GenResult(
         hints=hints,

@@ -44,16 +44,23 @@ def about_options(options: GenOptions) -> list[str]:
     return [*ignored_options(options), *shuffles_not_permutations(options)]
 
 
-def hidden_layers(index: GraphIndex) -> list[str]:
-    """A warning when attention sits where no hint can name it (a subgraph, a function)."""
+def hidden_layers(index: GraphIndex, inlined_by_extension: bool = False) -> list[str]:
+    """A warning when attention sits where no hint can name it (a subgraph, a function);
+    ``inlined_by_extension``: gen writes the extension that inlines the functions."""
     hidden = hidden_attention(index.model)
     if not hidden:
         return []
+    then = f"To shard it, {what_to_do(hidden)}"
+    if inlined_by_extension:
+        then = (
+            "The extension gen writes beside them does: 'shardcheck shard' inlines the "
+            f"functions first. For hints that shard it alone, {what_to_do(hidden)}"
+        )
     return [
         Warned(
             "SC129",
             f"{index.source}: attention that gen does not search, and that no hint can name, "
-            f"in {describe(hidden)}; the hints shard none of it. To shard it, {what_to_do(hidden)}",
+            f"in {describe(hidden)}; the hints shard none of it. {then}",
         )
     ]
 

@@ -146,6 +146,9 @@ class GraphIndex:
         # How the loader finds (or has found) the external tensors of the model, if it does.
         self._find_external_tensors = external_tensors
         self._external_tensors: list[onnx.TensorProto] | None = None
+        # The model-local functions inlined into this graph (sharding/inlined.py), as
+        # (domain, name): an extension's hints name tensors of the graph they leave.
+        self.inlined_functions: tuple[tuple[str, str], ...] = ()
         graph = model.graph
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [

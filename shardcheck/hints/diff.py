@@ -25,6 +25,7 @@ _KEYED_COLLECTIONS = {
     "attention_layers": "q",
     "lengths": "node",
     "gathered_for_output": "tensor",
+    "inlined_functions": "function",
 }
 
 
@@ -79,6 +80,10 @@ def canonical(hints: ShardHints) -> dict[str, Any]:
         }
         if hints.lengths.for_output:  # absent where none, as in the extension file
             document["gathered_for_output"] = dict.fromkeys(hints.lengths.for_output, "output")
+        if hints.lengths.inlined:
+            document["inlined_functions"] = {
+                f"{domain}:{name}": "inlined" for domain, name in hints.lengths.inlined
+            }
     return document
 
 

@@ -15,7 +15,8 @@ masks sized by a slice's length, head splits by a whole tensor's), gen also writ
         "whole_length": ["node", ...],
         "rank_length": ["node", ...],
         "traced_length": ["node", ...],
-        "gathered_for_output": ["tensor", ...]
+        "gathered_for_output": ["tensor", ...],
+        "inlined_functions": [{"domain": "...", "name": "..."}, ...]
     }
 
 ``whole_length``: the nodes that compute with the whole length (they index data by positions
@@ -24,8 +25,10 @@ target holds a whole length; ``traced_length`` (only where there are some): the 
 target holds the length a TorchScript trace ran at (``sharding/traced.py``);
 ``gathered_for_output`` (only where there are some): the hinted outputs gathered for the graph
 output alone, their other consumers left on the rank's slice (a hidden state or attention
-probabilities given out beside the layers' compute). What the hints scatter is computed with
-the whole length always.
+probabilities given out beside the layers' compute); ``inlined_functions`` (only where there
+are some): the model-local functions that hold the attention, inlined into the graph before the
+hints are read, which name tensors of that graph (``sharding/inlined.py``). What the hints
+scatter is computed with the whole length always.
 The file is used only where it is named: every command that reads hints reads it too.
 """
 
@@ -46,7 +49,17 @@ TAG_KEY = "shardcheck_extension"
 TAG = "lengths"
 VERSION = 1
 FOR_OUTPUT = "gathered_for_output"
-KEYS = (TAG_KEY, "version", "hints", "whole_length", "rank_length", "traced_length", FOR_OUTPUT)
+INLINED = "inlined_functions"
+KEYS = (
+    TAG_KEY,
+    "version",
+    "hints",
+    "whole_length",
+    "rank_length",
+    "traced_length",
+    FOR_OUTPUT,
+    INLINED,
+)
 NODE_LISTS = ("whole_length", "rank_length", "traced_length")
 SUFFIX = ".shardcheck.json"
 
@@ -75,6 +88,8 @@ def encode_extension(hints: ShardHints) -> dict[str, Any]:
         document["traced_length"] = list(lengths.traced)
     if lengths.for_output:
         document[FOR_OUTPUT] = list(lengths.for_output)
+    if lengths.inlined:
+        document[INLINED] = [{"domain": domain, "name": name} for domain, name in lengths.inlined]
     return document
 
 
@@ -134,8 +149,39 @@ def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
             rank=names["rank_length"],
             traced=names["traced_length"],
             for_output=_gathered_for_output(document, hints, source),
+            inlined=_inlined_functions(document, source),
         )
     )
+
+
+def _inlined_functions(document: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...]:
+    """The extension's ``inlined_functions``: (domain, name) of each, named once."""
+    value = document.get(INLINED, [])
+    entry_form = '{"domain": ..., "name": ...}'
+    if not isinstance(value, list):
+        raise HintsFormatError(
+            source, INLINED, f"expected a list of {entry_form} objects, got {shown(value)}"
+        )
+    found: list[tuple[str, str]] = []
+    for at, entry in enumerate(value):
+        if (
+            not isinstance(entry, Mapping)
+            or sorted(entry) != ["domain", "name"]
+            or not all(isinstance(entry[key], str) for key in ("domain", "name"))
+            or not entry["name"]
+        ):
+            raise HintsFormatError(
+                source,
+                f"{INLINED}[{at}]",
+                f"expected a {entry_form} object with a name, got {shown(entry)}",
+            )
+        function = (entry["domain"], entry["name"])
+        if function in found:
+            raise HintsFormatError(
+                source, f"{INLINED}[{at}]", f"names function {shown(entry)} twice"
+            )
+        found.append(function)
+    return tuple(found)
 
 
 def _gathered_for_output(

@@ -69,12 +69,15 @@ class LengthReads:
     ``traced``: the Reshapes that hold the length a TorchScript trace ran at, which the shard
     first makes compute it from their input (``sharding/traced.py``). ``for_output``: the
     hinted outputs whose all-gather feeds the graph output only (hidden states or attention
-    probabilities given out): their other consumers keep the rank's slice."""
+    probabilities given out): their other consumers keep the rank's slice. ``inlined``: the
+    model-local functions, as (domain, name), that every command inlines into the graph before
+    it reads the hints, which name that graph's tensors (``sharding/inlined.py``)."""
 
     whole: tuple[str, ...] = ()
     rank: tuple[str, ...] = ()
     traced: tuple[str, ...] = ()
     for_output: tuple[str, ...] = ()
+    inlined: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,9 @@ def make_plan(
     """The plan of ``hints`` on ``index`` at ``seq_len`` (default: DEFAULT_SEQ_LEN, or the
     one length the model runs at) on ``ranks`` ranks (the module docstring says what it
     counts). InputError for settings it cannot count at."""
+    from shardcheck.sharding.inlined import planned_index
+
+    index = planned_index(index, hints, hints_source)
     shapes = ShapeInference(index)
     layers = detect_attention(index, shapes)
     count, found, class_of = _count(

@@ -43,6 +43,7 @@ from shardcheck.graph.tensors import INTEGER_TYPES
 from shardcheck.hints.codec import validated
 from shardcheck.hints.model import AttentionLayerHint, DistCollective, FusedAttention, ShardHints
 from shardcheck.sharding.fused import fused_attention_attributes, fused_sites, live_nodes
+from shardcheck.sharding.inlined import planned_index
 
 COLLECTIVE_OP = "DistCollective"
 REDUCE_SCATTER = "reduce_scatter"
@@ -325,6 +326,10 @@ def shard_model(
     ``gathered_for_output``), for a plan whose lengths are still to be found.
     """
     hints = validated(hints, hints_source)
+    if hints.lengths is not None and hints.lengths.inlined:
+        planned = planned_index(index, hints, hints_source)
+        if planned is not index:  # what was found on the calls' graph is not of this one
+            index, shapes, detected, layers = planned, None, None, None
     if hints.lengths is not None and hints.lengths.traced:
         # The plan is of the model whose traced Reshapes read their input's length
         # (traced.py): what was found on this one (its shapes, its layers' nodes) is not.

@@ -38,6 +38,7 @@ from shardcheck.runtime.settings import (
 )
 from shardcheck.runtime.sizes import refuse_pinned_sequence, resolve_dims, sequence_dims
 from shardcheck.runtime.supervised import watched_run
+from shardcheck.sharding.inlined import planned_index
 from shardcheck.sharding.rewrite import shard_model
 from shardcheck.simulation.collectives import refuse_bad_group
 from shardcheck.simulation.compare import Mismatch, compare_outputs, diagnose, failure_mismatch
@@ -216,13 +217,17 @@ class Simulation:
         else:
             refuse_oversized_weights(index)
             check_weight_files(index, model_path)
-        self.index = index
         self.weights_dir = weights_dir(model_path)
         if isinstance(hints, ShardHints):
             hints = validated(hints, hints_source)
         else:
             hints_source, hints = str(hints), read_hints(hints)
         self.hints = hints
+        # The single-device run stays the file's model: what the inlined graph must match.
+        planned = planned_index(index, hints, hints_source)
+        if planned is not index:
+            index, layers, shapes = planned, None, None
+        self.index = index
         refuse_bad_group(
             f"{hints_source}: dist_collectives",
             hints.dist_collectives.groups,

@@ -43,6 +43,7 @@ from shardcheck.runtime.settings import (
 )
 from shardcheck.runtime.sizes import default_dim, refuse_bad_user_dims, resolve_dims
 from shardcheck.runtime.supervised import run_supervised, send_progress
+from shardcheck.sharding.inlined import planned_index
 from shardcheck.simulation.simulate import (
     ReferenceRun,
     Simulation,
@@ -132,7 +133,10 @@ def verify(
     asked = ranks is not None
     if simulate and ranks is None:
         ranks = default_ranks(hints)
-    index = index_parsed(parsed)
+    # The graph the hints name tensors of: with an extension's functions inlined, a model of
+    # its own, which the runs serialize anew.
+    index = planned_index(index_parsed(parsed), hints, hints_source)
+    serialized = parsed.serialized if not index.inlined_functions else None
     output_types = (index.elem_type(output) for output in index.graph_outputs)
     rtol, atol = tolerances_or_defaults(rtol, atol, output_types)
     # onnxruntime loads the model while the analysis and the checker run (the session is only
@@ -140,7 +144,7 @@ def verify(
     refuse_oversized_weights(index)
     early = {layer.q: layer for layer in layer_tensors(index)}
     watched = watched_tensors(index, hints, early)
-    pending = PendingSession(index, Path(model_path), watched, parsed.serialized)
+    pending = PendingSession(index, Path(model_path), watched, serialized)
     simulation: Simulation | ShardcheckError | None = None
     try:
         try:
