@@ -125,12 +125,26 @@ def _fill_value(node: Node) -> list[int] | None:
 
 
 def _range(shapes: ShapeInference, node: Node) -> list[TensorInfo]:
-    start, limit, delta = (shapes.input_info(node, i).value for i in range(3))
+    start, limit, delta = (_whole_number(shapes, node, i) for i in range(3))
     if start is None or limit is None or delta is None:
         return [TensorInfo((None,))]
     if start == (0,) and delta == (1,):
         return [TensorInfo((limit[0],))]
     return [TensorInfo((range_length(start, limit, delta),))]
+
+
+def _whole_number(shapes: ShapeInference, node: Node, position: int) -> tuple[Dim, ...] | None:
+    """A Range input's value: its shape value, or a float constant's that is a whole number
+    (positions written ``arange(length, dtype=float)`` start at 0.0 by steps of 1.0, the
+    limit a length cast to float, which carries the length's value)."""
+    value = shapes.input_info(node, position).value
+    if value is not None:
+        return value
+    constant = shapes.index.constant_value(node.inputs[position])
+    if constant is None or constant.size != 1 or constant.dtype.kind != "f":
+        return None
+    number = float(constant.reshape(-1)[0])
+    return (int(number),) if number.is_integer() else None
 
 
 def _einsum(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:

@@ -380,3 +380,32 @@ def test_embed_layer_normalisation_gives_the_ids_embedded_and_the_mask_index() -
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, feeds), strict=True))
     assert outputs["embedded"].shape == (2, 5, 8) and outputs["mask_index"].shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "start, delta, expected",
+    [(0.0, 1.0, ("seq",)), (2.0, 1.0, (None,)), (0.5, 1.0, (None,)), (0.0, 2.0, (None,))],
+)
+def test_a_float_range_over_a_length_has_that_length(
+    start: float, delta: float, expected: Shape
+) -> None:
+    # arange(x.shape[1], dtype=float): Range(0.0, Cast(Shape(x)[1]), 1.0) has x's length; one
+    # from 2.0 would have seq - 2, which dims do not say (unknown, not wrong).
+    nodes = [
+        oh.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+        oh.make_node("Squeeze", ["shape"], ["length"]),
+        oh.make_node("Cast", ["length"], ["limit"], to=onnx.TensorProto.FLOAT),
+        oh.make_node("Range", ["start", "limit", "delta"], ["positions"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", "seq"])],
+        [oh.make_tensor_value_info("positions", onnx.TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.array(start, np.float32), "start"),
+            numpy_helper.from_array(np.array(delta, np.float32), "delta"),
+        ],
+    )
+    index = GraphIndex(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert ShapeInference(index).shape("positions") == expected
