@@ -45,6 +45,7 @@ SPLIT_BY_DEFAULT = [
     "dynamo_query_given_out",
     # Attention inside model-local functions, inlined by the extension (test_inlined.py).
     "ts_attention_in_functions",
+    "ts_rotary_gqa_in_functions",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
 TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2}
