@@ -140,11 +140,10 @@ def _whole_number(shapes: ShapeInference, node: Node, position: int) -> tuple[Di
     value = shapes.input_info(node, position).value
     if value is not None:
         return value
-    constant = shapes.index.constant_value(node.inputs[position])
-    if constant is None or constant.size != 1 or constant.dtype.kind != "f":
+    number = shapes.index.scalar_constant(node.inputs[position])
+    if not isinstance(number, float) or not number.is_integer():
         return None
-    number = float(constant.reshape(-1)[0])
-    return (int(number),) if number.is_integer() else None
+    return (int(number),)
 
 
 def _einsum(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:

@@ -127,6 +127,16 @@ def _value_info_shape(info: onnx.ValueInfoProto) -> Shape | None:
     return tuple(dims)
 
 
+# Where a one-element tensor's number is, stored without raw_data, by its element type (other
+# types, float16's bits among them, are read from raw_data alone).
+_TYPED_FIELDS: dict[int, Callable[[onnx.TensorProto], Sequence[float | int]]] = {
+    protos.TensorProto.FLOAT: lambda t: t.float_data,
+    protos.TensorProto.DOUBLE: lambda t: t.double_data,
+    protos.TensorProto.INT64: lambda t: t.int64_data,
+    protos.TensorProto.INT32: lambda t: t.int32_data,
+}
+
+
 class GraphIndex:
     """Producers, consumers and declared shapes of a model's main graph."""
 
@@ -328,6 +338,22 @@ class GraphIndex:
             value = np.array(full_onnx().helper.get_attribute_value(source))
         self._constant_cache[tensor] = value
         return value
+
+    def scalar_constant(self, tensor: str) -> float | int | None:
+        """The number a one-element constant holds (an inline initializer or a Constant node's
+        value), read without numpy; None for anything else."""
+        source = self._constant_source(tensor)
+        values: tuple[Any, ...] | None = None
+        if isinstance(source, protos.AttributeProto):
+            single = {"value_float": (source.f,), "value_int": (source.i,)}.get(source.name)
+            values = single or tuple(source.floats) or tuple(source.ints)
+        elif source is not None and math.prod(source.dims) == 1:
+            values = self.raw_values(source, 1, whole=True)
+            if values is None:  # stored in the typed field of its type, not as raw_data
+                values = tuple(_TYPED_FIELDS.get(source.data_type, lambda t: ())(source))
+        if values is None or len(values) != 1:
+            return None
+        return values[0]
 
     def raw_values(
         self, proto: onnx.TensorProto, count: int, *, whole: bool = False

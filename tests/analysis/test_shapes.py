@@ -386,8 +386,9 @@ def test_embed_layer_normalisation_gives_the_ids_embedded_and_the_mask_index() -
     "start, delta, expected",
     [(0.0, 1.0, ("seq",)), (2.0, 1.0, (None,)), (0.5, 1.0, (None,)), (0.0, 2.0, (None,))],
 )
+@pytest.mark.parametrize("stored", ["raw_data", "float_data", "value_float"])
 def test_a_float_range_over_a_length_has_that_length(
-    start: float, delta: float, expected: Shape
+    start: float, delta: float, expected: Shape, stored: str
 ) -> None:
     # arange(x.shape[1], dtype=float): Range(0.0, Cast(Shape(x)[1]), 1.0) has x's length; one
     # from 2.0 would have seq - 2, which dims do not say (unknown, not wrong).
@@ -397,15 +398,21 @@ def test_a_float_range_over_a_length_has_that_length(
         oh.make_node("Cast", ["length"], ["limit"], to=onnx.TensorProto.FLOAT),
         oh.make_node("Range", ["start", "limit", "delta"], ["positions"]),
     ]
+    constants = {"start": start, "delta": delta}
+    initializers = []
+    for name, number in constants.items():
+        if stored == "value_float":
+            nodes.insert(0, oh.make_node("Constant", [], [name], value_float=number))
+        elif stored == "float_data":
+            initializers.append(oh.make_tensor(name, onnx.TensorProto.FLOAT, [], [number]))
+        else:
+            initializers.append(numpy_helper.from_array(np.array(number, np.float32), name))
     graph = oh.make_graph(
         nodes,
         "g",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", "seq"])],
         [oh.make_tensor_value_info("positions", onnx.TensorProto.FLOAT, None)],
-        [
-            numpy_helper.from_array(np.array(start, np.float32), "start"),
-            numpy_helper.from_array(np.array(delta, np.float32), "delta"),
-        ],
+        initializers,
     )
     index = GraphIndex(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     assert ShapeInference(index).shape("positions") == expected
