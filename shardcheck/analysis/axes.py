@@ -104,6 +104,18 @@ class AxisMapper:
             return self._gather(node, out_axis)
         if op == "GatherND":
             return self._gather_nd(node, out_axis)
+        if op == "ScatterND":
+            return self._scatter_nd(node, out_axis)
+        if op in ("GatherElements", "ScatterElements"):
+            # Along any axis but the one it indexes, each element is read or written at its
+            # own position (a mixture of experts' weights of each token's chosen experts, its
+            # mask of each token's chosen groups), where the indices span the data's axis.
+            if node.attr("axis", 0) % out_rank == out_axis:
+                return None
+            dims = {_dim(self.shapes, name, out_axis) for name in node.inputs}
+            if len(dims) != 1 or None in dims:
+                return None
+            return [(name, out_axis) for name in node.inputs]
         if op == "TopK":
             # Values and indices alike: each row of the axis it selects along is its own
             # (a mixture of experts picks each token's experts among its own scores).
@@ -236,6 +248,19 @@ class AxisMapper:
         if node.attr("batch_dims", 0) or index_rank is None or out_axis >= index_rank - 1:
             return None
         return [(node.inputs[1], out_axis)]
+
+    def _scatter_nd(self, node: Node, out_axis: int) -> AxisList | None:
+        # The indices [..., k] address the data's first k axes; past them the updates
+        # (indices' leading axes, then the data's from k) are written position by position, as
+        # a copy of halves of each head into a new buffer (DeepSeek's MLA K) is: such an axis
+        # is the data's and the updates' own. The indexed axes are addressed by value.
+        indices = self.shapes.shape(node.inputs[1])
+        if indices is None or not indices or not isinstance(indices[-1], int):
+            return None
+        indexed = indices[-1]
+        if out_axis < indexed:
+            return None
+        return [(node.inputs[0], out_axis), (node.inputs[2], len(indices) - 1 + out_axis - indexed)]
 
     def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
         source = self.shapes.shape(node.inputs[0])
