@@ -129,7 +129,10 @@ def unfollowed(
         return []
     stop = index.nodes[min(stops)]
     picked = indexed_weights(index, shapes, derived)
-    experts = any(name in picked for node in whole for name in node.inputs)
+    # The experts are named where the first projection run whole after the stop is one (a stop
+    # in an attention layer keeps its own projections whole first, not the experts alone).
+    first = _first_reached(index, stop, {node.index for node in whole})
+    experts = first is not None and any(name in picked for name in first.inputs)
     # An op computed from a router's TopK is the experts' dispatch (tokens listed or
     # reordered by their experts): the batched form picks each token's experts in place.
     routed = any(index.nodes[at].op_type == "TopK" for at in _ancestors(index, [stop], derived))
@@ -139,15 +142,44 @@ def unfollowed(
             + f"the sequence is not followed through {stop.op_type} {stop.label}",
             stop.inputs[0] if stop.inputs else "",
             stop.label,
-            (
-                "export the experts batched (transformers' experts_implementation="
-                '"batched_mm"), whose dispatch is followed token by token'
-                if experts and routed
-                else "an op that mixes positions keeps what follows it whole; "
-                "if this one does not, shardcheck has no rule for it there"
-            ),
+            _unfollowed_fix(stop, experts and routed),
         )
     ]
+
+
+def _unfollowed_fix(stop: Node, routed_experts: bool) -> str:
+    if routed_experts:
+        return (
+            'export the experts batched (transformers\' experts_implementation="batched_mm"), '
+            "whose dispatch is followed token by token"
+        )
+    if stop.op_type == "ScatterND":
+        # TorchScript's copy into part of a new tensor (DeepSeek's K halves) indexes every
+        # axis by value; the dynamo exporter's indexes the copied axis only.
+        return (
+            "its indices address the sequence axis by value, as TorchScript writes a copy into "
+            "part of a tensor; the dynamo exporter's copy addresses the copied axis alone, "
+            "which is followed: export with torch.onnx.export(dynamo=True)"
+        )
+    return (
+        "an op that mixes positions keeps what follows it whole; if this one does not, "
+        "shardcheck has no rule for it there"
+    )
+
+
+def _first_reached(index: GraphIndex, start: Node, targets: set[int]) -> Node | None:
+    """The first of the nodes ``targets`` that a walk forward from ``start``'s outputs
+    (breadth first, in the order of each tensor's consumers) reaches."""
+    pending, seen = deque(start.outputs), set(start.outputs)
+    while pending and len(seen) < MAX_WALK:
+        for consumer in index.consumers_of(pending.popleft()):
+            if consumer.index in targets:
+                return consumer
+            for name in consumer.outputs:
+                if name and name not in seen:
+                    seen.add(name)
+                    pending.append(name)
+    return None
 
 
 def _ancestors(index: GraphIndex, nodes: list[Node], derived: set[str]) -> set[int]:
