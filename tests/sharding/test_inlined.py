@@ -160,5 +160,11 @@ def test_check_gates_the_extension(tmp_path: Path) -> None:
     )
     # The plan recorded is the extension's: every FLOP of the projections on slices.
     assert json.loads((golden / "model.plan").read_text())["flops_on_slices"] > 0.99
-    again = run_cli("check", "--manifest", manifest, "--verify")
+    again = run_cli("check", "--manifest", manifest)
     assert again.exit_code == 0, again.stdout
+    # The golden extension is the plan verify proves; the golden hints, of no layer, fail it.
+    model = tmp_path / MODEL.name
+    proved = run_cli("verify", model, golden / "model.shardcheck.json", "--ranks", "2", "-q")
+    assert proved.exit_code == 0, proved.stdout
+    refused = run_cli("verify", model, golden / "model.json", "--ranks", "2", "-q")
+    assert refused.exit_code == 1 and "SC129" in refused.stdout

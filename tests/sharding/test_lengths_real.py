@@ -38,6 +38,9 @@ SPLIT_BY_DEFAULT = [
     "ts_sdpa_causal",
     "ts_qwen3_moe_tiny",
     "dynamo_mixtral_moe_tiny",
+    # Multi-head latent attention, its K halves copied into a new buffer (ScatterND), and a
+    # mixture of experts with group-limited routing (GatherElements, ScatterElements).
+    "dynamo_deepseek_v3_tiny",
     # Graph outputs that expose slices, gathered for the output alone (test_for_output.py).
     "ts_bert_exposed",
     "dynamo_bert_exposed",
@@ -48,7 +51,7 @@ SPLIT_BY_DEFAULT = [
     "ts_rotary_gqa_in_functions",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
-TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2}
+TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2, "dynamo_deepseek_v3_tiny": 2}
 # Where the Polygraphy format already splits everything: gen writes no extension.
 PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny", "ts_qwen3_moe_tiny"]
 
