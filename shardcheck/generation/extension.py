@@ -42,10 +42,11 @@ class PlanShares:
 
 @dataclass(frozen=True)
 class Extended:
-    """The extension's plan (``hints``, with their lengths) and both plans' shares."""
+    """The extension's plan (``hints``, with their lengths) and both plans' shares; ``plain``
+    None where the hints' plan cannot be counted (shapes past a function call unknown)."""
 
     hints: ShardHints
-    plain: PlanShares
+    plain: PlanShares | None
     extended: PlanShares
 
 
@@ -155,10 +156,15 @@ def shares_line(extended: Extended, extension_file: str | None) -> str:
     from shardcheck.planning.report import percent
 
     where = f" {extension_file}" if extension_file else ""
+    plain = (
+        "not counted (shapes unknown past a function call)"
+        if extended.plain is None
+        else f"{percent(extended.plain.projections)} of the projection and MLP FLOPs on slices"
+    )
     return (
-        f"Polygraphy-compatible hints: {percent(extended.plain.projections)} of the projection "
-        f"and MLP FLOPs on slices; 'shardcheck shard' with the extension{where}: "
+        f"Polygraphy-compatible hints: {plain}; 'shardcheck shard' with the extension{where}: "
         f"{percent(extended.extended.projections)}"
+        + (" of the projection and MLP FLOPs on slices" if extended.plain is None else "")
     )
 
 
@@ -187,7 +193,9 @@ def plans_report(extended: Extended | None) -> dict[str, object] | None:
     }
 
 
-def _shares_dict(shares: PlanShares) -> dict[str, float]:
+def _shares_dict(shares: PlanShares | None) -> dict[str, float] | None:
+    if shares is None:
+        return None
     return {
         "projections_on_slices": round(shares.projections, 6),
         "flops_on_slices": round(shares.flops, 6),

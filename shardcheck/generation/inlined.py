@@ -1,10 +1,11 @@
-"""gen's plan for attention inside model-local functions: the extension that inlines them.
+"""gen's plan for models that call model-local functions: the extension that inlines them.
 
 No hint can name a tensor of a function's body (analysis/hidden.py), so the Polygraphy-format
-hints of an export whose blocks are function calls shard none of their attention. gen then
-finds the plan of the model with its local functions inlined, as on any export, and offers it
-as the extension (``inlined_functions``, sharding/inlined.py): every command that reads it
-inlines them the same way first.
+hints of an export whose blocks are function calls shard none of their attention, and a call
+of a function that holds an MLP is an op the sequence is not followed through. gen then finds
+the plan of the model with its local functions inlined, as on any export, and offers it as the
+extension (``inlined_functions``, sharding/inlined.py): every command that reads it inlines
+them the same way first.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from shardcheck.analysis.hidden import hidden_attention
+from shardcheck.analysis.detect import AttentionLayer, detect_attention
+from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import ShardcheckError
-from shardcheck.generation.extension import Extended, PlanShares
+from shardcheck.generation.extension import FALLBACK_POSITIONS, Extended, PlanShares
 from shardcheck.generation.messages import code_of
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import LengthReads, ShardHints
+from shardcheck.sharding.inlined import local_functions
 
 if TYPE_CHECKING:
     from shardcheck.generation.options import GenOptions
@@ -29,18 +32,21 @@ def inlined_plan(
     hints: ShardHints,
     declined: list[str] | None = None,
 ) -> Extended | None:
-    """The extension that inlines the model's local functions, where some hold attention and
+    """The extension that inlines the model's local functions, where the graph calls some and
     the inlined model's default plan splits more of the projection and MLP FLOPs than
-    ``hints`` (gen's hints of ``index``) do; None otherwise. Its cut must be found without a
-    warning that it is not exact (``declined`` then gets why)."""
-    if not any(place.in_function for place in hidden_attention(index.model)):
+    ``hints`` (gen's hints of ``index``) do; None otherwise. A call is one node to the axis
+    rules, which follow the sequence through none: attention in a function is no layer a
+    hint can name, and a function that holds a block's MLP keeps the MLP whole. Its cut must
+    be found without a warning that it is not exact (``declined`` then gets why)."""
+    functions = local_functions(index.model)
+    called = {(node.domain, node.op_type) for node in index.nodes}
+    if called.isdisjoint(functions):
         return None
     # Imported only here: the inliner and the counts are onnx's and numpy's work.
     from shardcheck.generation.generate import generate_detected
-    from shardcheck.planning.plan import DEFAULT_RANKS, count_flops
-    from shardcheck.sharding.inlined import inlined_index, local_functions
+    from shardcheck.planning.plan import DEFAULT_RANKS
+    from shardcheck.sharding.inlined import inlined_index
 
-    functions = local_functions(index.model)
     inlined = inlined_index(index, functions)
     found = generate_detected(inlined, options)
     inexact = [warning for warning in found.warnings if code_of(warning) == "SC308"]
@@ -54,24 +60,40 @@ def inlined_plan(
     plan = plan.with_changes(lengths=replace(plan.lengths or LengthReads(), inlined=functions))
     nb_rank = hints.dist_collectives.nb_rank
     ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
-    try:
-        if found.extension is not None:
-            extended = found.extension.extended
-        else:
-            assert found.shapes is not None
-            extended = PlanShares.of(
-                count_flops(inlined, found.shapes, list(found.layers), plan, ranks=ranks)
-            )
-        plain = PlanShares(0.0, 0.0)
-        if hints.inputs:
-            from shardcheck.analysis.detect import detect_attention
-            from shardcheck.analysis.shapes import ShapeInference
-
-            shapes = ShapeInference(index)
-            layers = detect_attention(index, shapes)
-            plain = PlanShares.of(count_flops(index, shapes, layers, hints, ranks=ranks))
-    except ShardcheckError:
+    if found.extension is not None:
+        extended = found.extension.extended
+    else:
+        assert found.shapes is not None
+        extended = _counted(inlined, found.shapes, list(found.layers), plan, ranks)
+    if extended is None:
         return None  # a plan that cannot be counted is no gain
-    if extended.projections <= plain.projections:
+    plain: PlanShares | None = PlanShares(0.0, 0.0)
+    if hints.inputs:
+        shapes = ShapeInference(index)
+        # None where the calls keep the shapes after them unknown: then the hints' plan is
+        # not counted, and the extension's, counted, is offered.
+        plain = _counted(index, shapes, detect_attention(index, shapes), hints, ranks)
+    if plain is not None and extended.projections <= plain.projections:
         return None
     return Extended(plan, plain, extended)
+
+
+def _counted(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    layers: list[AttentionLayer],
+    hints: ShardHints,
+    ranks: int,
+) -> PlanShares | None:
+    """The plan's shares at the default length, or at FALLBACK_POSITIONS per rank where it
+    cannot be counted at the default (past a position table); None where neither can."""
+    from shardcheck.planning.plan import count_flops
+
+    for seq_len in (None, FALLBACK_POSITIONS * ranks):
+        try:
+            return PlanShares.of(
+                count_flops(index, shapes, layers, hints, seq_len=seq_len, ranks=ranks)
+            )
+        except ShardcheckError:
+            continue
+    return None

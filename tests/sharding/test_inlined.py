@@ -168,3 +168,24 @@ def test_check_gates_the_extension(tmp_path: Path) -> None:
     assert proved.exit_code == 0, proved.stdout
     refused = run_cli("verify", model, golden / "model.json", "--ranks", "2", "-q")
     assert refused.exit_code == 1 and "SC129" in refused.stdout
+
+
+def test_functions_holding_the_mlps_are_inlined_too(tmp_path: Path) -> None:
+    # ts_mlp_in_functions.onnx: attention in the main graph, each block's MLP a call of the
+    # function nn.Sequential. No shape is inferred past a call, so the hints' plan is not
+    # counted; the extension inlines the function and runs everything on slices.
+    model = FIXTURES / "real" / "ts_mlp_in_functions.onnx"
+    result = run_cli("gen", model, "-o", tmp_path / "h.json")
+    assert result.exit_code == 0, result.stderr
+    assert "[SC129]" not in result.stderr  # no attention in a function
+    assert (
+        "Polygraphy-compatible hints: not counted (shapes unknown past a function call); "
+        "'shardcheck shard' with the extension"
+    ) in result.stderr
+    [function] = onnx.load(model).functions
+    document = json.loads((tmp_path / "h.shardcheck.json").read_text())
+    assert document["inlined_functions"] == [{"domain": function.domain, "name": function.name}]
+    assert function.name == "Sequential"
+    explained = run_cli("explain", model, "--format", "json")
+    plans = json.loads(explained.stdout)["plans"]
+    assert plans["hints"] is None and plans["extension"]["projections_on_slices"] == 1.0

@@ -49,6 +49,7 @@ SPLIT_BY_DEFAULT = [
     # Attention inside model-local functions, inlined by the extension (test_inlined.py).
     "ts_attention_in_functions",
     "ts_rotary_gqa_in_functions",
+    "ts_mlp_in_functions",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
 TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2, "dynamo_deepseek_v3_tiny": 2}
