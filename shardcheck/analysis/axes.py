@@ -151,6 +151,17 @@ class AxisMapper:
             return [(node.inputs[0], out_axis)]
         if op in REDUCTIONS:
             return self._reduction(node, out_axis, out_rank)
+        if op in ("ArgMax", "ArgMin"):
+            # The index of each row's extreme along one axis: every other axis is the rows'
+            # own (a router's choice of each token's expert, as PhiMoE's sparse mixer takes).
+            in_rank = self.shapes.rank(node.inputs[0])
+            if in_rank is None:
+                return None
+            reduced = node.attr("axis", 0) % in_rank
+            kept = [axis for axis in range(in_rank) if node.attr("keepdims", 1) or axis != reduced]
+            if out_axis >= len(kept) or kept[out_axis] == reduced:
+                return None
+            return [(node.inputs[0], kept[out_axis])]
         fused = fused_attention_inputs(node.domain, op)
         if fused is not None:
             query = node.inputs[fused.q]

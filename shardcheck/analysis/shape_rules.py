@@ -418,6 +418,14 @@ def _reduce(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo
     return [TensorInfo(tuple(d for d in dims if d is not None) if not keep else dims)]
 
 
+def _arg_extreme(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    # ArgMax, ArgMin: one axis (default 0) reduced to its index, kept as 1 unless keepdims=0.
+    reduced = node.attr("axis", 0) % len(shape) if shape else 0
+    keep = node.attr("keepdims", 1)
+    dims = [1 if at == reduced else dim for at, dim in enumerate(shape)]
+    return [TensorInfo(tuple(dims if keep else dims[:reduced] + dims[reduced + 1 :]))]
+
+
 def _flatten(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
     rank = len(shape)
     axis = node.attr("axis", 1) % (rank + 1) if rank else 0
@@ -541,6 +549,7 @@ _KNOWN_INPUT_RULES: dict[
     "Gemm": _gemm,
     "Expand": _expand,
     **dict.fromkeys(REDUCTIONS, _reduce),
+    **dict.fromkeys(("ArgMax", "ArgMin"), _arg_extreme),
     "Flatten": _flatten,
     **dict.fromkeys(FUSED_ATTENTION_OP_TYPES, _fused_attention),
     "Conv": _conv,

@@ -1,8 +1,9 @@
 """The axis rules of the ops that read or write by indices along one axis (analysis/axes.py):
 ScatterND past the axes its indices address, GatherElements and ScatterElements along every
-axis but the one they index. DeepSeek-V3's exports use all three: its K is a new buffer into
-which each head's halves are copied (ScatterND), its router picks each token's experts'
-weights (GatherElements) and masks each token's groups (ScatterElements).
+axis but the one they index, ArgMax along every axis but the one it reduces. DeepSeek-V3's
+exports use the first three: its K is a new buffer into which each head's halves are copied
+(ScatterND), its router picks each token's experts' weights (GatherElements) and masks each
+token's groups (ScatterElements); PhiMoE's router picks each token's expert by ArgMax.
 
 Each rule is shown two ways: what the mapper answers, and onnxruntime running the node on
 the slices of the axis it maps, which must give the slices of the whole run.
@@ -129,3 +130,25 @@ def test_elements_ops_whose_indices_cover_part_of_an_axis_map_none() -> None:
     index = GraphIndex(model)
     mapper = AxisMapper(index, ShapeInference(index), "tokens")
     assert mapper.input_axes(index.nodes[0], 0) is None
+
+
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_arg_max_keeps_every_axis_but_the_one_it_reduces(keepdims: int) -> None:
+    # PhiMoE's sparse mixer: each token's expert, ArgMax over [tokens, 4 experts].
+    node = helper.make_node("ArgMax", ["scores"], ["out"], axis=-1, keepdims=keepdims)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("scores", F, ["tokens", 4])],
+        [helper.make_tensor_value_info("out", I64, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    index = GraphIndex(model)
+    shapes = ShapeInference(index)
+    assert shapes.shape("out") == (("tokens", 1) if keepdims else ("tokens",))
+    mapper = AxisMapper(index, shapes, "tokens")
+    assert mapper.input_axes(index.nodes[0], 0) == [("scores", 0)]
+    if keepdims:
+        assert mapper.input_axes(index.nodes[0], 1) is None
+    feeds = {"scores": np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)}
+    assert _sliced_runs_agree(model, feeds, {"scores": 0}, 0)
