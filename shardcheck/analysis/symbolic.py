@@ -47,14 +47,21 @@ def is_name(text: str) -> bool:
 
 def mentions(dim: Dim, symbol: str) -> bool:
     """Whether ``dim`` is ``symbol`` or an expression naming it (``2*sequence`` names
-    ``sequence``; ``sequence_pad`` does not)."""
+    ``sequence``; ``sequence_pad`` does not; ``2*batch*sequence`` names ``batch*sequence``,
+    ``batch*sequence_on_rank`` does not)."""
     if not isinstance(dim, str):
         return False
     if dim == symbol:
         return True
     if is_name(symbol):
         return symbol in _NAME.findall(dim)
-    return symbol in dim  # not a name an expression can hold: any occurrence
+    # An expression (a product): an occurrence that no name character continues on either side.
+    return _expression_pattern(symbol).search(dim) is not None
+
+
+@lru_cache(maxsize=256)
+def _expression_pattern(symbol: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![A-Za-z0-9_]){re.escape(symbol)}(?![A-Za-z0-9_])")
 
 
 def size_at(dim: Dim, sizes: Mapping[str, int]) -> int | None:

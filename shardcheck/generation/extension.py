@@ -108,8 +108,8 @@ def extended_plan(
         if mixed is not None:
             if declined is not None:
                 declined.append(
-                    f"node {mixed} of its multi-device model would broadcast the whole length "
-                    "against a rank's"
+                    f"node {mixed} of its multi-device model would mix the whole sequence "
+                    "length with a rank's length"
                 )
             return None
         nb_rank = hints.dist_collectives.nb_rank

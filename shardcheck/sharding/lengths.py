@@ -454,13 +454,23 @@ def give_lengths(
 def mixed_lengths(
     index: GraphIndex, shapes: ShapeInference, hints: ShardHints, sharded: ShardedModel
 ) -> str | None:
-    """The first elementwise node of ``sharded`` (a multi-device model of ``hints``) that the
-    shapes on a rank show to broadcast a whole length against a rank's on one axis: on a rank
-    it cannot run. gen offers no extension whose model has one. None when no node does."""
+    """The first node of ``sharded`` (a multi-device model of ``hints``) that the shapes on a
+    rank show to mix lengths: the producer of a tensor the hints scatter that has a rank's
+    length along its axis already, or an elementwise node that broadcasts a whole length
+    against a rank's on one axis: on a rank it cannot run. gen offers no extension whose model
+    has one. None when no node does."""
     graph = _LengthGraph(index, shapes, (), hints, sharded)
     graph.resizing = set()
     on_rank = graph.on_rank()
     symbols = list(graph.references)
+    for tensor in hints.inputs:
+        # What a rank scatters must be whole along its axis: a rank's length there (a buffer
+        # sized by a slice, scattered as if computed whole) would be scattered twice.
+        shape = on_rank.shape(tensor.name)
+        dim = shape[tensor.seq_len_idx] if shape and tensor.seq_len_idx < len(shape) else None
+        if any(mentions(dim, symbol + ON_RANK) for symbol in symbols):
+            producer = on_rank.index.producer_of(tensor.name)
+            return producer.name if producer is not None else tensor.name
     for node in on_rank.index.nodes:
         if node.op_type not in ELEMENTWISE:
             continue

@@ -15,7 +15,7 @@ CONVBERT = FIXTURES / "real" / "ts_convbert_tiny.onnx"
 # layer broadcasting the whole length against a rank's on a rank.
 WHY = (
     "no extension written: node /model/encoder/layer.1/attention/self/Mul of its multi-device "
-    "model would broadcast the whole length against a rank's"
+    "model would mix the whole sequence length with a rank's length"
 )
 
 
