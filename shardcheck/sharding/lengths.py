@@ -115,7 +115,9 @@ class _LengthGraph:
             for tail, chain in sharded.tails.items()
             if chain.operation == REDUCE_SCATTER
         }
-        for tensor in hints.inputs:
+        # Data first: a tensor computed from shapes alone may be sized by a slice itself (a
+        # buffer the size of a router's output), so its length is no reference for itself.
+        for tensor in sorted(hints.inputs, key=lambda tensor: tensor.name not in self.data):
             shape = shapes.shape(tensor.name)
             if shape is None or tensor.seq_len_idx >= len(shape) or tensor.name not in scattered:
                 continue
@@ -124,6 +126,7 @@ class _LengthGraph:
                 self.references.setdefault(
                     dim, (tensor.name, scattered[tensor.name], tensor.seq_len_idx)
                 )
+        self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
         self.added: list[onnx.NodeProto] = []
         self.names = {name for node in self.nodes for name in (*node.input, *node.output)}
         self.names |= {node.name for node in self.nodes}
@@ -352,8 +355,11 @@ class _LengthGraph:
             dim = shape[axis]
             reference = self.references.get(dim) if isinstance(dim, str) else None
             if reference is not None and given != length:
-                whole, scattered, at = reference
-                pieces.append(self._dim(whole if length == WHOLE else scattered, at, length))
+                product = None if dim in self.from_data else self._product(dim, length)
+                if product is None:
+                    whole, scattered, at = reference
+                    product = self._dim(whole if length == WHOLE else scattered, at, length)
+                pieces.append(product)
                 changed = True
             else:
                 pieces.append(self._dim(read, axis, given))
@@ -366,6 +372,43 @@ class _LengthGraph:
             helper.make_node("Concat", pieces, [output], name=self._new(output), axis=0)
         )
         return output
+
+    def _product(self, dim: str, length: str) -> str | None:
+        """A product of lengths (``batch*sequence``, flattened tokens) with ``length``,
+        multiplied from its factors as the data tensors scattered hold them; None where a
+        factor is held by none."""
+        factors = dim.split("*")
+        if len(factors) < 2:
+            return None
+        pieces: list[str] = []
+        for factor in factors:
+            reference = self.references.get(factor)
+            if reference is not None and factor in self.from_data:
+                whole, scattered, at = reference
+                pieces.append(self._dim(whole if length == WHOLE else scattered, at, length))
+                continue
+            held = self._held(factor)  # a dim no rank splits (the batch): read as it is
+            if held is None:
+                return None
+            pieces.append(self._dim(*held, WHOLE))
+        product = pieces[0]
+        for piece in pieces[1:]:
+            output = self._new(f"{dim}/{length}_length")
+            self.added.append(
+                helper.make_node("Mul", [product, piece], [output], name=self._new(output))
+            )
+            product = output
+        return product
+
+    def _held(self, factor: str) -> tuple[str, int] | None:
+        """A data tensor scattered, and an axis of it other than the scattered one, that holds
+        ``factor``."""
+        for tensor, _, at in self.references.values():
+            shape = self.shapes.shape(tensor) if tensor in self.data else None
+            for axis, dim in enumerate(shape or ()):
+                if dim == factor and axis != at:
+                    return tensor, axis
+        return None
 
     def _dim(self, tensor: str, axis: int, length: str) -> str:
         key = (f"{tensor}\0{axis}", length)

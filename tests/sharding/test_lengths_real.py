@@ -41,6 +41,8 @@ SPLIT_BY_DEFAULT = [
     # Multi-head latent attention, its K halves copied into a new buffer (ScatterND), and a
     # mixture of experts with group-limited routing (GatherElements, ScatterElements).
     "dynamo_deepseek_v3_tiny",
+    # A router that scatters a buffer sized by its own ArgMax (test_mixed_lengths.py).
+    "dynamo_phimoe_tiny",
     # Graph outputs that expose slices, gathered for the output alone (test_for_output.py).
     "ts_bert_exposed",
     "dynamo_bert_exposed",
@@ -52,7 +54,12 @@ SPLIT_BY_DEFAULT = [
     "ts_mlp_in_functions",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
-TOP_K = {"ts_qwen3_moe_tiny": 2, "dynamo_mixtral_moe_tiny": 2, "dynamo_deepseek_v3_tiny": 2}
+TOP_K = {
+    "ts_qwen3_moe_tiny": 2,
+    "dynamo_mixtral_moe_tiny": 2,
+    "dynamo_deepseek_v3_tiny": 2,
+    "dynamo_phimoe_tiny": 2,
+}
 # Where the Polygraphy format already splits everything: gen writes no extension.
 PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny", "ts_qwen3_moe_tiny"]
 
