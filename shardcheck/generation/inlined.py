@@ -47,8 +47,11 @@ def inlined_plan(
     from shardcheck.planning.plan import DEFAULT_RANKS
     from shardcheck.sharding.inlined import inlined_index
 
-    inlined = inlined_index(index, functions)
-    found = generate_detected(inlined, options)
+    try:
+        inlined = inlined_index(index, functions)
+        found = generate_detected(inlined, options)
+    except ShardcheckError:
+        return None  # the model's own plan stands: its hints are gen's either way
     inexact = [warning for warning in found.warnings if code_of(warning) == "SC308"]
     if inexact:
         if declined is not None:

@@ -11,10 +11,11 @@ graph, and the multi-device model ``shardcheck shard`` writes is made from it.
 
 from __future__ import annotations
 
-from shardcheck.errors import HintsMismatchError
+from shardcheck.errors import HintsMismatchError, ModelError
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
+from shardcheck.wording import one_line
 
 FunctionId = tuple[str, str]  # (domain, name), as a call node's (domain, op_type)
 
@@ -29,7 +30,12 @@ def inlined_index(index: GraphIndex, functions: tuple[FunctionId, ...]) -> Graph
     the graph); the weights are the model's, where they were."""
     import onnx.inliner
 
-    model = onnx.inliner.inline_selected_functions(index.model, [list(f) for f in functions])
+    try:
+        model = onnx.inliner.inline_selected_functions(index.model, [list(f) for f in functions])
+    except Exception as error:  # onnx's own errors have no common base to catch
+        raise ModelError(
+            f"{index.source}: its model-local functions cannot be inlined: {one_line(str(error))}"
+        ) from None
     inlined = GraphIndex(model, index.source, lent_weights=index.lent_weights)
     inlined.inlined_functions = index.inlined_functions + functions
     return inlined

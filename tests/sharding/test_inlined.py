@@ -189,3 +189,27 @@ def test_functions_holding_the_mlps_are_inlined_too(tmp_path: Path) -> None:
     explained = run_cli("explain", model, "--format", "json")
     plans = json.loads(explained.stdout)["plans"]
     assert plans["hints"] is None and plans["extension"]["projections_on_slices"] == 1.0
+
+
+def test_a_model_whose_functions_cannot_be_inlined(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # onnx's inliner refusing the model (as it may a malformed function): gen writes the
+    # hints alone, and shard refuses the extension in one line naming the model.
+    hints, extension = gen(tmp_path)
+    import onnx.inliner
+
+    def refuse(*_: object) -> None:
+        raise RuntimeError("function body\nis malformed")
+
+    monkeypatch.setattr(onnx.inliner, "inline_selected_functions", refuse)
+    again = tmp_path / "again"
+    again.mkdir()
+    written = run_cli("gen", MODEL, "-o", again / "h.json")
+    assert written.exit_code == 0, written.stderr
+    assert (again / "h.json").read_bytes() == hints.read_bytes()
+    assert not (again / "h.shardcheck.json").exists()
+    refused = run_cli("shard", MODEL, extension, "-o", tmp_path / "md.onnx")
+    assert refused.exit_code == 2
+    [line] = refused.stderr.splitlines()
+    assert (
+        str(MODEL) in line and "its model-local functions cannot be inlined: function body" in line
+    )
