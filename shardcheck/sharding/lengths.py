@@ -383,7 +383,9 @@ class _LengthGraph:
         pieces: list[str] = []
         for factor in factors:
             reference = self.references.get(factor)
-            if reference is not None and factor in self.from_data:
+            if reference is not None:
+                if factor not in self.from_data:
+                    return None  # a length that no data tensor scattered holds
                 whole, scattered, at = reference
                 pieces.append(self._dim(whole if length == WHOLE else scattered, at, length))
                 continue
