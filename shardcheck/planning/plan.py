@@ -92,6 +92,9 @@ class FlopCount:
     classes: dict[str, ClassFlops]
     flops_per_rank: int
     uncounted_nodes: int  # nodes with FLOPs whose shapes are unknown (counted as 0)
+    # Those of them that are projections or MLP (expert MatMuls after a data-dependent pick):
+    # the share of that class leaves their FLOPs out, on slices or not.
+    uncounted_projections: int
     sliced_nodes: frozenset[int] = field(repr=False)
 
     @property
@@ -219,7 +222,7 @@ def _count(
     _refuse_uneven(index, found, ranks, seq_len, fixed=asked is None and seq_len != DEFAULT_SEQ_LEN)
     classes = {name: [0, 0] for name in CLASSES}
     per_rank = 0
-    uncounted = 0
+    uncounted = uncounted_projections = 0
     sliced: set[int] = set()
     class_of = _classes(index, shapes, layers)
     for node in index.nodes:
@@ -229,6 +232,7 @@ def _count(
         one, on_rank = node_flops(found.on_one, copy), node_flops(found.on_rank, copy)
         if one is None or on_rank is None:
             uncounted += 1
+            uncounted_projections += class_of(node) == "projections"
             continue
         split = on_rank < one
         if split:
@@ -243,6 +247,7 @@ def _count(
         classes={name: ClassFlops(*counts) for name, counts in classes.items()},
         flops_per_rank=per_rank,
         uncounted_nodes=uncounted,
+        uncounted_projections=uncounted_projections,
         sliced_nodes=frozenset(sliced),
     )
     return count, found, class_of

@@ -31,11 +31,16 @@ def percent(share: float) -> str:
 def summary_line(plan: FlopCount) -> str:
     """One line: the share on slices, by the two classes that matter, and the bound."""
     attention, projections = plan.classes["attention"], plan.classes["projections"]
+    left_out = (
+        f", {counted(plan.uncounted_projections, 'node')} of unknown shapes not counted"
+        if plan.uncounted_projections
+        else ""
+    )
     return (
         f"{plan.model}: plan at length {plan.seq_len} on {counted(plan.ranks, 'rank')}: "
         f"{percent(plan.flops_on_slices)} of FLOPs on slices (attention core "
         f"{percent(attention.share_on_slices)}, projections and MLP "
-        f"{percent(projections.share_on_slices)}), speed-up at most "
+        f"{percent(projections.share_on_slices)}{left_out}), speed-up at most "
         f"{plan.speedup_bound:.2f}x"
     )
 
@@ -62,6 +67,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
                 for name in CLASSES
             },
             "uncounted_nodes": plan.uncounted_nodes,
+            "uncounted_projections": plan.uncounted_projections,
         },
         "activation_memory": {
             "peak_bytes_one_device": plan.peak_bytes_one_device,
@@ -127,7 +133,15 @@ def render_text(plan: Plan, plans_line: str | None = None) -> str:
         f"{plan.speedup_bound:.2f}x (communication not counted)"
     )
     if plan.uncounted_nodes:
-        lines.append(f"not counted: {counted(plan.uncounted_nodes, 'node')} of unknown shapes")
+        among = (
+            f", {plan.uncounted_projections} of them projections or MLP, which the share of "
+            "that class leaves out"
+            if plan.uncounted_projections
+            else ""
+        )
+        lines.append(
+            f"not counted: {counted(plan.uncounted_nodes, 'node')} of unknown shapes{among}"
+        )
     lines.append(
         f"peak activation memory: {human(plan.peak_bytes_per_rank)} per rank, "
         f"{human(plan.peak_bytes_one_device)} on one device"
