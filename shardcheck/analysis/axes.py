@@ -152,16 +152,10 @@ class AxisMapper:
         if op in REDUCTIONS:
             return self._reduction(node, out_axis, out_rank)
         if op in ("ArgMax", "ArgMin"):
-            # The index of each row's extreme along one axis: every other axis is the rows'
-            # own (a router's choice of each token's expert, as PhiMoE's sparse mixer takes).
-            in_rank = self.shapes.rank(node.inputs[0])
-            if in_rank is None:
-                return None
-            reduced = node.attr("axis", 0) % in_rank
-            kept = [axis for axis in range(in_rank) if node.attr("keepdims", 1) or axis != reduced]
-            if out_axis >= len(kept) or kept[out_axis] == reduced:
-                return None
-            return [(node.inputs[0], kept[out_axis])]
+            # The index of each row's extreme along one axis, a reduction of it: every other
+            # axis is the rows' own (a router's choice of each token's expert, as PhiMoE's
+            # sparse mixer takes).
+            return self._reduced(node, out_axis, [node.attr("axis", 0)])
         fused = fused_attention_inputs(node.domain, op)
         if fused is not None:
             query = node.inputs[fused.q]
@@ -329,11 +323,15 @@ class AxisMapper:
         return set(range(count))
 
     def _reduction(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
-        in_rank = self.shapes.rank(node.inputs[0])
         axes = node.attr("axes")
         if axes is None and len(node.inputs) > 1 and node.inputs[1]:
             value = self.index.constant_ints(node.inputs[1])
             axes = None if value is None else list(value)
+        return self._reduced(node, out_axis, axes)
+
+    def _reduced(self, node: Node, out_axis: int, axes: list[int] | None) -> AxisList | None:
+        """The input axis of a reduction over ``axes`` that ``out_axis`` keeps."""
+        in_rank = self.shapes.rank(node.inputs[0])
         if in_rank is None or axes is None:
             return None
         reduced = {a % in_rank for a in axes}

@@ -410,20 +410,22 @@ def _expand(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo
 
 
 def _reduce(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    return _reduced(node, shape, _axes_of(shapes, node))
+
+
+def _arg_extreme(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    # ArgMax, ArgMin: one axis (default 0) reduced to its index (no axis of a scalar).
+    return _reduced(node, shape, [node.attr("axis", 0)] if shape else [])
+
+
+def _reduced(node: Node, shape: Shape, axes: list[int] | None) -> list[TensorInfo]:
+    """``shape`` reduced over ``axes`` (all of them where None), kept as 1 unless
+    keepdims=0."""
     rank = len(shape)
-    axes = _axes_of(shapes, node)
     axes_set = {a % rank for a in axes} if axes is not None else set(range(rank))
     keep = node.attr("keepdims", 1)
     dims = tuple((1 if keep else None) if i in axes_set else d for i, d in enumerate(shape))
     return [TensorInfo(tuple(d for d in dims if d is not None) if not keep else dims)]
-
-
-def _arg_extreme(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
-    # ArgMax, ArgMin: one axis (default 0) reduced to its index, kept as 1 unless keepdims=0.
-    reduced = node.attr("axis", 0) % len(shape) if shape else 0
-    keep = node.attr("keepdims", 1)
-    dims = [1 if at == reduced else dim for at, dim in enumerate(shape)]
-    return [TensorInfo(tuple(dims if keep else dims[:reduced] + dims[reduced + 1 :]))]
 
 
 def _flatten(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
