@@ -63,22 +63,25 @@ def inlined_plan(
     plan = plan.with_changes(lengths=replace(plan.lengths or LengthReads(), inlined=functions))
     nb_rank = hints.dist_collectives.nb_rank
     ranks = nb_rank if nb_rank > 1 else DEFAULT_RANKS
-    if found.extension is not None:
-        extended = found.extension.extended
-    else:
-        assert found.shapes is not None
-        extended = _counted(inlined, found.shapes, list(found.layers), plan, ranks)
-    if extended is None:
-        return None  # a plan that cannot be counted is no gain
-    plain: PlanShares | None = PlanShares(0.0, 0.0)
+    assert found.shapes is not None
+    inlined_model = (inlined, found.shapes, list(found.layers))
+    given = None
     if hints.inputs:
         shapes = ShapeInference(index)
+        given = (index, shapes, detect_attention(index, shapes))
+    # Both plans at one length: the default, or FALLBACK_POSITIONS per rank where the
+    # extension's cannot be counted at the default (past a position table).
+    for seq_len in (None, FALLBACK_POSITIONS * ranks):
+        extended = _counted(*inlined_model, plan, seq_len, ranks)
+        if extended is None:
+            continue
         # None where the calls keep the shapes after them unknown: then the hints' plan is
         # not counted, and the extension's, counted, is offered.
-        plain = _counted(index, shapes, detect_attention(index, shapes), hints, ranks)
-    if plain is not None and extended.projections <= plain.projections:
-        return None
-    return Extended(plan, plain, extended)
+        plain = PlanShares(0.0, 0.0) if given is None else _counted(*given, hints, seq_len, ranks)
+        if plain is not None and extended.projections <= plain.projections:
+            return None
+        return Extended(plan, plain, extended)
+    return None  # a plan that cannot be counted is no gain
 
 
 def _counted(
@@ -86,17 +89,16 @@ def _counted(
     shapes: ShapeInference,
     layers: list[AttentionLayer],
     hints: ShardHints,
+    seq_len: int | None,
     ranks: int,
 ) -> PlanShares | None:
-    """The plan's shares at the default length, or at FALLBACK_POSITIONS per rank where it
-    cannot be counted at the default (past a position table); None where neither can."""
+    """The plan's shares at ``seq_len`` (None: the default); None where it cannot be
+    counted there."""
     from shardcheck.planning.plan import count_flops
 
-    for seq_len in (None, FALLBACK_POSITIONS * ranks):
-        try:
-            return PlanShares.of(
-                count_flops(index, shapes, layers, hints, seq_len=seq_len, ranks=ranks)
-            )
-        except ShardcheckError:
-            continue
-    return None
+    try:
+        return PlanShares.of(
+            count_flops(index, shapes, layers, hints, seq_len=seq_len, ranks=ranks)
+        )
+    except ShardcheckError:
+        return None
