@@ -84,7 +84,7 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     extension = None
     declined: list[str] = []
     if options.extension and options.io == "frontier" and not options.no_suggest_io:
-        # Attention inside model-local functions: the plan of the model with them inlined.
+        # A graph that calls model-local functions: the plan of the model with them inlined.
         extension = inlined_plan(index, options, hints, declined)
     if frontier is not None and options.extension and extension is None:
         extension = extended_plan(index, shapes, layers, hints, len(frontier.warnings), declined)

@@ -26,9 +26,9 @@ target holds the length a TorchScript trace ran at (``sharding/traced.py``);
 ``gathered_for_output`` (only where there are some): the hinted outputs gathered for the graph
 output alone, their other consumers left on the rank's slice (a hidden state or attention
 probabilities given out beside the layers' compute); ``inlined_functions`` (only where there
-are some): the model-local functions that hold the attention, inlined into the graph before the
-hints are read, which name tensors of that graph (``sharding/inlined.py``). What the hints
-scatter is computed with the whole length always.
+are some): the model-local functions the graph calls (its attention or its MLPs), inlined
+into the graph before the hints are read, which name tensors of that graph
+(``sharding/inlined.py``). What the hints scatter is computed with the whole length always.
 The file is used only where it is named: every command that reads hints reads it too.
 """
 
