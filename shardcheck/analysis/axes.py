@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardcheck.analysis.einsum import node_equation
+from shardcheck.analysis.index_grid import identity_along
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import Size, size_of
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
@@ -264,6 +265,11 @@ class AxisMapper:
             return None
         indexed = indices[-1]
         if out_axis < indexed:
+            # An indexed axis the indices address as a grid of its own positions (TorchScript's
+            # copy into part of a tensor) is written position by position too. The indices
+            # are no input of the axis: a rank builds them from its slice's length.
+            if identity_along(self.shapes, node, out_axis):
+                return [(node.inputs[0], out_axis), (node.inputs[2], out_axis)]
             return None
         return [(node.inputs[0], out_axis), (node.inputs[2], len(indices) - 1 + out_axis - indexed)]
 

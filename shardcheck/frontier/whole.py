@@ -98,11 +98,20 @@ def must_be_whole(
         if any(
             user not in region_nodes
             and user not in forward_nodes
-            and nodes[user].op_type not in SHAPE_OPS
+            and not _read_for_length(index, nodes[user])
             for user in consumers.get(tensor, ())
         ):
             needed.add(tensor)
     return needed
+
+
+def _read_for_length(index: GraphIndex, node: Node) -> bool:
+    """Whether ``node`` reads its input for a length alone: a Shape, or a node only Shapes
+    read (TorchScript's ``k_pe.expand(*k[..., d:].shape)`` slices K for its shape)."""
+    if node.op_type in SHAPE_OPS:
+        return True
+    users = [user for output in node.outputs if output for user in index.consumers_of(output)]
+    return bool(users) and all(user.op_type in SHAPE_OPS for user in users)
 
 
 def sized_whole(

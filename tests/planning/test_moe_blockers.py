@@ -104,22 +104,14 @@ def test_whole_experts_are_named_with_what_keeps_them_whole(
     assert named[0].fix.startswith(fix)
 
 
-def test_a_copy_into_part_of_a_tensor_is_named_where_it_keeps_attention_whole() -> None:
+def test_torchscript_copy_into_part_of_k_runs_on_slices_as_the_dynamo_one_does() -> None:
     # TorchScript's DeepSeek-V3 copies each head's K halves into a new buffer by a ScatterND
-    # that addresses every axis, the sequence's among them: its layers' projections run
-    # whole after it, the attention's first, so the experts are not what it names.
-    model = FIXTURES / "real" / "ts_deepseek_v3_tiny.onnx"
-    index = load_index(model)
-    generated = generate(index, GenOptions())
-    assert generated.extension is not None
-    plan = make_plan(index, generated.extension.hints)
-    [unfollowed] = [b for b in plan.blockers if "is not followed through" in b.what]
-    assert unfollowed.what == (
-        "the sequence is not followed through ScatterND /model/layers.1/self_attn/ScatterND"
-    )
-    assert unfollowed.fix.endswith("export with torch.onnx.export(dynamo=True)")
-    # What the fix says: the dynamo export of the same model runs them all on slices.
-    dynamo = load_index(FIXTURES / "real" / "dynamo_deepseek_v3_tiny.onnx")
-    extended = generate(dynamo, GenOptions()).extension
-    assert extended is not None
-    assert make_plan(dynamo, extended.hints).classes["projections"].share_on_slices == 1.0
+    # whose indices are a grid of every axis's own positions (analysis/index_grid.py): it is
+    # followed, and both exports run every projection on slices.
+    for name in ("ts_deepseek_v3_tiny", "dynamo_deepseek_v3_tiny"):
+        index = load_index(FIXTURES / "real" / f"{name}.onnx")
+        extended = generate(index, GenOptions()).extension
+        assert extended is not None
+        plan = make_plan(index, extended.hints)
+        assert plan.classes["projections"].share_on_slices == 1.0, name
+        assert not [b for b in plan.blockers if "is not followed through" in b.what], name

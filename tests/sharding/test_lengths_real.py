@@ -41,6 +41,9 @@ SPLIT_BY_DEFAULT = [
     # Multi-head latent attention, its K halves copied into a new buffer (ScatterND), and a
     # mixture of experts with group-limited routing (GatherElements, ScatterElements).
     "dynamo_deepseek_v3_tiny",
+    # The same by TorchScript: its copies address every axis by a grid of Ranges
+    # (tests/analysis/test_index_grid.py).
+    "ts_deepseek_v3_tiny",
     # A router that scatters a buffer sized by its own ArgMax (test_mixed_lengths.py).
     "dynamo_phimoe_tiny",
     # Graph outputs that expose slices, gathered for the output alone (test_for_output.py).
@@ -58,6 +61,7 @@ TOP_K = {
     "ts_qwen3_moe_tiny": 2,
     "dynamo_mixtral_moe_tiny": 2,
     "dynamo_deepseek_v3_tiny": 2,
+    "ts_deepseek_v3_tiny": 2,
     "dynamo_phimoe_tiny": 2,
 }
 # Where the Polygraphy format already splits everything: gen writes no extension.
