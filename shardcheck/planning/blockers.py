@@ -155,11 +155,12 @@ def _unfollowed_fix(stop: Node, routed_experts: bool) -> str:
         )
     if stop.op_type == "ScatterND":
         # TorchScript's copy into part of a new tensor (DeepSeek's K halves) indexes every
-        # axis by value; the dynamo exporter's indexes the copied axis only.
+        # axis by value, with a grid of Ranges that is followed (analysis/index_grid.py) where
+        # it is read; the dynamo exporter's indexes the copied axis only.
         return (
-            "its indices address the sequence axis by value, as TorchScript writes a copy into "
-            "part of a tensor; the dynamo exporter's copy addresses the copied axis alone, "
-            "which is followed: export with torch.onnx.export(dynamo=True)"
+            "its indices address the sequence axis by value, not as a Range over the data's "
+            "own length there; the dynamo exporter's copy into part of a tensor addresses the "
+            "copied axis alone, which is followed: export with torch.onnx.export(dynamo=True)"
         )
     return (
         "an op that mixes positions keeps what follows it whole; if this one does not, "
