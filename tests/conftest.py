@@ -240,3 +240,25 @@ def embedded_bert_layer() -> Any:
     )
     opsets = [oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)]
     return oh.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def checked_model(graph: Any, opset: int = 18) -> Any:
+    """``graph`` as a model of the default domain's ``opset``, IR version 8, that onnx's full
+    check accepts."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def assert_verified_at_two_and_four_ranks(model: Path, plan: Path) -> None:
+    """``verify MODEL PLAN`` passes at 2 and 4 ranks, at batch 1 and 2 (issue 27's bar)."""
+    for ranks in (2, 4):
+        for batch in (1, 2):
+            result = run_cli(
+                "verify", model, plan, "--ranks", ranks, "--dim", f"batch={batch}", "-q"
+            )  # fmt: skip
+            assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)

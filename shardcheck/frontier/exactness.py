@@ -21,7 +21,7 @@ from shardcheck.frontier.sources import (
 )
 from shardcheck.frontier.tensor_ids import TensorIds
 from shardcheck.graph.index import Dim, GraphIndex, Node
-from shardcheck.graph.ops import SHAPE_OPS
+from shardcheck.graph.ops import RESIZING_OPS, SHAPE_OPS
 
 
 def warn_no_exact_cut(
@@ -46,7 +46,16 @@ def warn_no_exact_cut(
     (the mapper's), the model's first."""
     tensors = set(region.tensors)
     _warn_cuts_from_slices(index, layers, region.cut, gathered, warnings)
-    _warn_layer_insides(index, shapes, layers, sources, tensors, region.cut, sequences, warnings)
+    _warn_layer_insides(
+        index,
+        shapes,
+        layers,
+        sources,
+        (tensors, region.cut),
+        sequences,
+        warnings,
+        lengths_given=lengths_given,
+    )
     _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
     if lengths_given:
         return
@@ -86,16 +95,21 @@ def _warn_layer_insides(
     shapes: ShapeInference,
     layers: list[AttentionLayer],
     sources: ShapeSources,
-    region: set[str],
-    cut: dict[str, int],
+    walked: tuple[set[str], dict[str, int]],
     sequences: tuple[Dim, ...],
     warnings: list[str],
+    *,
+    lengths_given: bool = False,
 ) -> None:
     """Inside a layer (between its score and context MatMuls) nothing can be cut: a node there
-    sized by the Shape of a tensor off the region gets the wrong length next to the scores:
-    the whole one for a tensor the cuts leave whole (Bloom reshapes its scores with such a
-    length), a slice's for one computed from a slice off the walk (MPT slices its ALiBi bias to
-    the length of a transposed copy of K, before K is gathered)."""
+    sized by the Shape of a tensor off the region (``walked``: the region and its cuts) gets
+    the wrong length next to the scores: the whole one for a tensor the cuts leave whole
+    (Bloom's dynamo export reshapes its scores with attention_mask's length), a slice's for
+    one computed from a slice off the walk (MPT slices its ALiBi bias to the length of a
+    transposed copy of K, before K is gathered). With ``lengths_given`` (the extension), the
+    shard gives a Reshape or Expand of the scores a rank's length along the queries in place
+    of the whole one (sharding/lengths.py)."""
+    region, cut = walked
     sliced = SlicedTest(sources.ids, [sources.ids.id[name] for name in cut])
     for layer in layers:
         for node_index in layer.internal:
@@ -105,11 +119,10 @@ def _warn_layer_insides(
             )
             if source is None or not _may_carry_length(index, shapes, sources, node, sequences):
                 continue
-            held = (
-                "each rank holds a slice of"
-                if sliced(sources.ids.id[source])
-                else "every rank holds whole"
-            )
+            whole = not sliced(sources.ids.id[source])
+            if whole and lengths_given and node.op_type in RESIZING_OPS:
+                continue
+            held = "every rank holds whole" if whole else "each rank holds a slice of"
             warnings.append(
                 f"no exact cut inside layer {layer.name}: {node.label} is sized by the length "
                 f"of {source}, which {held}; CP may not be exact"

@@ -1,10 +1,13 @@
-"""gen's second plan: the extension (hints/extension.py), where it splits more.
+"""gen's second plan: the extension (hints/extension.py), where it splits more or is exact where
+the hints are not.
 
 The Polygraphy-format frontier must place every cut where each Shape reads the length its
 readers need; where that puts the cut deep inside each layer, the frontier of the extension
 (``find_frontier(lengths_by_reader=True)``), carried out by ``shardcheck shard`` with each node
 given its length (sharding/lengths.py), may run the projections and the MLP on slices too. gen
-offers it when it counts more of their FLOPs on slices (planning/'s figure) than the hints do.
+offers it when it counts more of their FLOPs on slices (planning/'s figure) than the hints do,
+or, at the same cut, when the lengths it gives remove places the hints leave without an exact
+cut (a Reshape of the scores sized by the whole length along the queries).
 """
 
 from __future__ import annotations
@@ -59,12 +62,15 @@ def extended_plan(
     declined: list[str] | None = None,
 ) -> Extended | None:
     """The extension of ``hints`` (gen's Polygraphy-format hints, whose frontier warned
-    ``plain_warnings`` times), or None where it would not split more or may not be exact: the
-    same cut, a length traced into the model, more places without an exact cut, a node of its
-    multi-device model that the shapes on a rank show broadcasting a whole length against a
-    rank's, or no more projection FLOPs on slices. Counted at the default length on the
-    hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts. Where it is declined as not
-    exact, ``declined`` gets why, naming the place, for gen to say."""
+    ``plain_warnings`` times), or None where it would neither split more nor be exact where
+    the hints are not, or may not be exact: the same cut (unless it leaves no place without
+    an exact cut where the hints leave some, and has lengths to give), a length traced into
+    the model, more places without an exact cut, a node of its multi-device model that the
+    shapes on a rank show broadcasting a whole length against a rank's, or fewer projection
+    FLOPs on slices (no more, but where it makes exact what the hints do not). Counted at the
+    default length on the hints' ``nb_rank`` ranks (2 when 1), as ``gen --plan`` counts.
+    Where it is declined as not exact, ``declined`` gets why, naming the place, for gen to
+    say."""
     given = (index, shapes, layers)
     traced: tuple[str, ...] = ()
     if any(baked_lengths(index, shapes, dim) for dim in sequence_dims(shapes, layers)):
@@ -79,6 +85,8 @@ def extended_plan(
         index, shapes, layers = found_untraced.index, found_untraced.shapes, found_untraced.layers
         traced = found_untraced.traced
     frontier = find_frontier(index, shapes, layers, lengths_by_reader=True)
+    # No place without an exact cut where the hints have some: the lengths make them exact.
+    exacter = plain_warnings > 0 and not frontier.warnings
     if len(frontier.warnings) > plain_warnings:
         if declined is not None:
             declined.append(f"its cut would not be exact: {frontier.warnings[0]}")
@@ -87,7 +95,7 @@ def extended_plan(
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
     for_output = frontier.for_output
-    if cut == hints and not traced:
+    if cut == hints and not traced and not exacter:
         return None
     # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
     # (tests/graph/test_lean_reading.py).
@@ -102,6 +110,8 @@ def extended_plan(
         )
         lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         del sharded
+        if cut == hints and not traced and not (lengths.whole or lengths.rank):
+            return None  # nothing for the lengths to give: the hints as they are
         extended = cut.with_changes(lengths=replace(lengths, traced=traced, for_output=for_output))
         model = shard_model(given[0], extended, shapes=given[1], detected=given[2], weights=False)
         mixed = mixed_lengths(index, shapes, extended, model)
@@ -117,7 +127,9 @@ def extended_plan(
         plain, found = _shares(given, (hints, extended), ranks, model)
     except ShardcheckError:
         return None  # a plan that cannot be counted (a length it cannot split) is no gain
-    if found.projections <= plain.projections:
+    if found.projections < plain.projections or (
+        found.projections == plain.projections and not exacter
+    ):
         return None
     return Extended(extended, plain, found)
 

@@ -20,6 +20,9 @@ def is_default_domain(domain: str) -> bool:
 
 # Ops whose output depends on their input's shape, not on its values.
 SHAPE_OPS = frozenset(["Shape", "Size"])
+# Ops that lay their data out to a target shape (their second input): the ones whose target
+# the extension's shard scales to a rank's length (sharding/lengths.py).
+RESIZING_OPS = frozenset(["Reshape", "Expand"])
 
 # Comparisons and logic: elementwise, with a boolean output.
 BOOLEAN_OPS = frozenset(

@@ -40,14 +40,15 @@ from dataclasses import replace
 import onnx
 from onnx import helper
 
-from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shape_rules import apply_rule
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one, is_name, mentions
 from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
 from shardcheck.errors import HintsMismatchError
 from shardcheck.graph.index import Dim, GraphIndex, Node
-from shardcheck.graph.ops import ELEMENTWISE, SHAPE_OPS
+from shardcheck.graph.ops import ELEMENTWISE, RESIZING_OPS, SHAPE_OPS
 from shardcheck.hints.model import LengthReads, ShardHints
 from shardcheck.sharding.fused import live_nodes
 from shardcheck.sharding.rewrite import (
@@ -59,8 +60,6 @@ from shardcheck.sharding.rewrite import (
 )
 
 WHOLE, RANK = "whole", "rank"
-# The ops whose target shape the extension scales to a rank's length.
-RESIZING_OPS = frozenset(["Reshape", "Expand"])
 # The nodes computing a whole tensor that the extension gives the whole length: those that
 # index data by positions (a padding mask gathered at the keys' positions, from a Range over
 # a slice's length). Others that read no slice keep what the shard gives them: HF's BERT
@@ -88,7 +87,9 @@ class _LengthGraph:
         self.shapes = shapes
         self.sharded = sharded
         self.nodes = [_copied(node) for node in sharded.model.graph.node]
+        layers = list(layers)
         self.inside = {index.nodes[at].name for layer in layers for at in layer.internal}
+        self.query_axes = _query_axes(index, shapes, layers)
         self.producer: dict[str, onnx.NodeProto] = {}
         self.data: set[str] = {info.name for info in sharded.model.graph.input}
         self.data -= {init.name for init in sharded.model.graph.initializer}
@@ -141,11 +142,18 @@ class _LengthGraph:
         reads data but no slice (it computes a whole tensor) and for a reduce-scatter (what it
         scatters is computed whole); RANK for a Reshape or Expand of a slice. None for the
         others: the nodes computing lengths (part of what is given), those inside an
-        attention layer, and the ones whose lengths are as the shard gives them."""
-        if node.name in self.inside or node.op_type in SHAPE_OPS:
+        attention layer but the Reshapes and Expands of its scores along their queries, and
+        the ones whose lengths are as the shard gives them."""
+        if node.op_type in SHAPE_OPS:
             return None
         reads = [name for name in node.input if name]
         sliced = any(name in self.sliced for name in reads)
+        if node.name in self.inside:
+            # Inside a layer the queries are sliced and the keys whole: a Reshape of the
+            # scores sized by a whole length along its queries needs a rank's there (the
+            # dynamo exporter sizes Bloom's by attention_mask's length).
+            wanted = sliced and node.op_type in RESIZING_OPS and node.name in self.query_axes
+            return RANK if wanted else None
         if node.op_type == COLLECTIVE_OP:
             return WHOLE if collective_operation(node) == REDUCE_SCATTER else None
         if not any(name in self.data for name in reads):
@@ -183,7 +191,7 @@ class _LengthGraph:
         scaled to a rank's: the target's entry times a rank's length over the whole one
         (``batch*sequence`` becomes ``batch*sequence/N``)."""
         on_rank = self.on_rank()
-        scaled = self._scaling(on_rank, node.input, node.op_type)
+        scaled = self._scaling(on_rank, node.name, node.input, node.op_type)
         if not scaled:
             return False
         size = len(on_rank.value(node.input[1]) or ())
@@ -191,11 +199,12 @@ class _LengthGraph:
         return True
 
     def _scaling(
-        self, on_rank: ShapeInference, inputs: Sequence[str], op_type: str
+        self, on_rank: ShapeInference, name: str, inputs: Sequence[str], op_type: str
     ) -> dict[int, str]:
         """The entries of a Reshape's or Expand's target to scale, with the symbol of the
         length each holds: those that the shapes on a rank show to be a whole length where
-        the slice has a rank's."""
+        the slice has a rank's; inside a layer, the entry of the queries' axis alone (its keys
+        are whole)."""
         if len(inputs) < 2 or not inputs[1] or inputs[1] in self.data:
             return {}
         target = on_rank.value(inputs[1])
@@ -208,6 +217,11 @@ class _LengthGraph:
             if not any(mentions(dim, local) for dim in data):
                 continue
             whole = [at for at, dim in enumerate(target) if mentions(dim, symbol)]
+            if name in self.inside:
+                # The target's entries are the output's axes, an Expand's aligned right.
+                out_rank = max(len(target), len(data)) if op_type == "Expand" else len(target)
+                queries = self.query_axes[name] - (out_rank - len(target))
+                whole = [at for at in whole if at == queries]
             if op_type == "Expand":
                 offset = len(target) - len(data)
                 whole = [
@@ -283,7 +297,9 @@ class _LengthGraph:
 
     def _resized(self, shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
         scaled = (
-            self._scaling(shapes, node.inputs, node.op_type) if node.name in self.resizing else {}
+            self._scaling(shapes, node.name, node.inputs, node.op_type)
+            if node.name in self.resizing
+            else {}
         )
         if not scaled:
             return apply_rule(shapes, node)
@@ -537,7 +553,7 @@ def mixed_lengths(
 
 _WHY_NOT = {
     WHOLE: "is no node that computes a whole tensor (one that reads data, none of it a slice)",
-    RANK: "is no Reshape or Expand of a slice outside the attention layers",
+    RANK: "is no Reshape or Expand of a slice (in an attention layer: of its scores)",
 }
 
 
@@ -555,6 +571,39 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
                 continue
             if graph.give(node, length) and not implicit:
                 found[length].append(node.name)
+    return found
+
+
+def _query_axes(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+) -> dict[str, int]:
+    """The Reshapes and Expands inside ``layers``, with the axis of their output that holds
+    the queries: followed from the score MatMul's (its rank less 2) through the nodes
+    between it and the context MatMul. Decomposed layers only (a fused node has no inside)."""
+    found: dict[str, int] = {}
+    if not layers:
+        return found
+    seq, *others = sequence_dims(shapes, layers)
+    mapper = AxisMapper(index, shapes, seq, others)
+    for layer in layers:
+        if layer.kind != "decomposed" or not layer.internal:
+            continue
+        scores = index.nodes[layer.internal[0]].outputs[0]
+        rank = shapes.rank(scores)
+        if rank is None or rank < 2:
+            continue
+        axes = {scores: rank - 2}
+        for at in layer.internal[1:]:
+            node = index.nodes[at]
+            held = [(name, axes[name]) for name in node.inputs if name in axes]
+            if not held or not node.outputs:
+                continue
+            out_axis = mapper.output_axis(node, *held[0])
+            if out_axis is None:
+                continue
+            axes[node.outputs[0]] = out_axis
+            if node.op_type in RESIZING_OPS:
+                found[node.name] = out_axis
     return found
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from conftest import run_cli
+from conftest import assert_verified_at_two_and_four_ranks, checked_model, run_cli
 from index_grids import copy_nodes
 from onnx import TensorProto
 from onnx import helper as oh
@@ -80,10 +80,7 @@ def _copied_k_model() -> onnx.ModelProto:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
         weights + constants,
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return checked_model(graph)
 
 
 def test_a_k_copied_into_part_of_a_buffer_runs_every_projection_on_slices(
@@ -107,9 +104,4 @@ def test_a_k_copied_into_part_of_a_buffer_runs_every_projection_on_slices(
     # q (16 -> 24), k, v and o (16 -> 16), 2 FLOPs a multiply-add, 64 tokens: all on slices.
     assert plan.classes["projections"].on_slices == 64 * 2 * D * (WIDTH + 3 * D)
     assert plan.classes["projections"].whole == 0
-    for ranks in (2, 4):
-        for batch in (1, 2):
-            result = run_cli(
-                "verify", model, extension, "--ranks", ranks, "--dim", f"batch={batch}", "-q"
-            )
-            assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)
+    assert_verified_at_two_and_four_ranks(model, extension)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, assert_verified_at_two_and_four_ranks, run_cli
 from projection_count import projection_share_on_slices
 
 from shardcheck import load_index
@@ -88,13 +88,7 @@ def test_the_default_plan_splits_the_projections_and_stays_exact(name: str, tmp_
     result = run_cli("shard", REAL / f"{name}.onnx", plan_file, "-o", multi_device)
     assert result.exit_code == 0, result.stderr
     assert projection_share_on_slices(multi_device, TOP_K.get(name, 1)) >= 0.95
-    for ranks in (2, 4):
-        for batch in (1, 2):
-            result = run_cli(
-                "verify", REAL / f"{name}.onnx", plan_file, "--ranks", ranks,
-                "--dim", f"batch={batch}", "-q",
-            )  # fmt: skip
-            assert result.exit_code == 0, (ranks, batch, result.stdout, result.stderr)
+    assert_verified_at_two_and_four_ranks(REAL / f"{name}.onnx", plan_file)
 
 
 @pytest.mark.parametrize("name", PLAIN_SPLITS)
