@@ -9,6 +9,7 @@ from collections import deque
 
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.layer_insides import key_slices
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions
 from shardcheck.frontier.gathers import gathered_kv
@@ -108,9 +109,11 @@ def _warn_layer_insides(
     one computed from a slice off the walk (MPT slices its ALiBi bias to the length of a
     transposed copy of K, before K is gathered). With ``lengths_given`` (the extension), the
     shard gives a Reshape or Expand of the scores a rank's length along the queries in place
-    of the whole one (sharding/lengths.py)."""
+    of the whole one, and a Slice of a table along the keys the whole length in place of a
+    rank's (sharding/lengths.py)."""
     region, cut = walked
     sliced = SlicedTest(sources.ids, [sources.ids.id[name] for name in cut])
+    along_keys = key_slices(index, shapes, layers) if lengths_given else frozenset()
     for layer in layers:
         for node_index in layer.internal:
             node = index.nodes[node_index]
@@ -122,12 +125,19 @@ def _warn_layer_insides(
             whole = not sliced(sources.ids.id[source])
             if whole and lengths_given and node.op_type in RESIZING_OPS:
                 continue
+            if any(_produced_by(index, name, along_keys) for name in node.inputs):
+                continue  # the shard gives that Slice the keys' whole length
             held = "every rank holds whole" if whole else "each rank holds a slice of"
             warnings.append(
                 f"no exact cut inside layer {layer.name}: {node.label} is sized by the length "
                 f"of {source}, which {held}; CP may not be exact"
             )
             break
+
+
+def _produced_by(index: GraphIndex, tensor: str, nodes: frozenset[str]) -> bool:
+    producer = index.producer_of(tensor) if tensor else None
+    return producer is not None and producer.name in nodes
 
 
 def _may_carry_length(

@@ -40,8 +40,8 @@ from dataclasses import replace
 import onnx
 from onnx import helper
 
-from shardcheck.analysis.axes import AxisMapper
-from shardcheck.analysis.detect import AttentionLayer, sequence_dims
+from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.layer_insides import key_slices, query_axes
 from shardcheck.analysis.shape_rules import apply_rule
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one, is_name, mentions
@@ -89,7 +89,8 @@ class _LengthGraph:
         self.nodes = [_copied(node) for node in sharded.model.graph.node]
         layers = list(layers)
         self.inside = {index.nodes[at].name for layer in layers for at in layer.internal}
-        self.query_axes = _query_axes(index, shapes, layers)
+        self.query_axes = query_axes(index, shapes, layers)
+        self.key_slices = key_slices(index, shapes, layers)
         self.producer: dict[str, onnx.NodeProto] = {}
         self.data: set[str] = {info.name for info in sharded.model.graph.input}
         self.data -= {init.name for init in sharded.model.graph.initializer}
@@ -141,7 +142,8 @@ class _LengthGraph:
         """The length ``node`` needs, where it may be given another: WHOLE for a node that
         reads data but no slice (it computes a whole tensor) and for a reduce-scatter (what it
         scatters is computed whole); RANK for a Reshape or Expand of a slice. None for the
-        others: the nodes computing lengths (part of what is given), those inside an
+        others (but a Slice of a table along the keys, for a layer's scores: WHOLE): the nodes
+        computing lengths (part of what is given), those inside an
         attention layer but the Reshapes and Expands of its scores along their queries, and
         the ones whose lengths are as the shard gives them."""
         if node.op_type in SHAPE_OPS:
@@ -156,6 +158,10 @@ class _LengthGraph:
             return RANK if wanted else None
         if node.op_type == COLLECTIVE_OP:
             return WHOLE if collective_operation(node) == REDUCE_SCATTER else None
+        if node.name in self.key_slices and not sliced:
+            # A table sliced along the keys for a layer's scores: the keys are whole there
+            # (TorchScript's MPT slices its ALiBi bias by the length of K before the gather).
+            return WHOLE
         if not any(name in self.data for name in reads):
             return None
         if not sliced:
@@ -571,39 +577,6 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
                 continue
             if graph.give(node, length) and not implicit:
                 found[length].append(node.name)
-    return found
-
-
-def _query_axes(
-    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
-) -> dict[str, int]:
-    """The Reshapes and Expands inside ``layers``, with the axis of their output that holds
-    the queries: followed from the score MatMul's (its rank less 2) through the nodes
-    between it and the context MatMul. Decomposed layers only (a fused node has no inside)."""
-    found: dict[str, int] = {}
-    if not layers:
-        return found
-    seq, *others = sequence_dims(shapes, layers)
-    mapper = AxisMapper(index, shapes, seq, others)
-    for layer in layers:
-        if layer.kind != "decomposed" or not layer.internal:
-            continue
-        scores = index.nodes[layer.internal[0]].outputs[0]
-        rank = shapes.rank(scores)
-        if rank is None or rank < 2:
-            continue
-        axes = {scores: rank - 2}
-        for at in layer.internal[1:]:
-            node = index.nodes[at]
-            held = [(name, axes[name]) for name in node.inputs if name in axes]
-            if not held or not node.outputs:
-                continue
-            out_axis = mapper.output_axis(node, *held[0])
-            if out_axis is None:
-                continue
-            axes[node.outputs[0]] = out_axis
-            if node.op_type in RESIZING_OPS:
-                found[node.name] = out_axis
     return found
 
 
