@@ -38,6 +38,12 @@ def test_bloom_scores_reshapes_hold_the_queries_where_their_shapes_say() -> None
     assert keys == frozenset()
 
 
+def test_torchscript_mpt_slices_its_bias_along_the_keys() -> None:
+    queries, keys = _axes_of(load_index(REAL / "ts_mpt_tiny.onnx"))
+    assert keys == {"/model/blocks.0/attn/Slice_3", "/model/blocks.1/attn/Slice_3"}
+    assert queries == {}
+
+
 def _biased_head(outer_axis: int) -> onnx.ModelProto:
     """One head over x [1, S, 4]; a [64, 64] bias table sliced to [:S] along axis 1 - outer
     and then along ``outer_axis``, the outer Slice read by the scores' Add."""

@@ -30,7 +30,10 @@ SPLIT_BY_DEFAULT = [
     "dynamo_gpt2_tiny",
     "dynamo_gpt2_causal_ids",
     "dynamo_stablelm_tiny",
+    "ts_stablelm_tiny",
     "dynamo_mpt_tiny",
+    # ALiBi sliced along the keys by K's length before the gather.
+    "ts_mpt_tiny",
     # ALiBi, its scores reshaped inside each layer by the mask's whole length.
     "dynamo_bloom_tiny",
     "ts_falcon_tiny",
