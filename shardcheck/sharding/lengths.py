@@ -23,11 +23,14 @@ length, after it a rank's.
   the slice's axis (as the shapes on a rank show) get that entry times a rank's length over the
   whole one.
 
-``length_readers`` finds the nodes to name; the attention layers' insides are left as they are
-(their keys are whole, their queries sliced), and so are the other nodes, which the shard sizes
-consistently with the slices (HF's BERT expands its padding mask over the queries by a slice's
-length). ``mixed_lengths`` is gen's last check: an elementwise node broadcasting a whole length
-against a rank's could not run on a rank.
+``length_readers`` finds the nodes to name. Inside the attention layers the keys are whole and
+the queries sliced: a Reshape or Expand of the scores sized by the whole length along its
+queries gets a rank's there (the dynamo exporter's Bloom), and a Slice of a table along the
+keys that the scores read gets the whole length (TorchScript's MPT slices its ALiBi bias by the
+length of K before the gather); the rest of the insides are left as they are. So are the other
+nodes, which the shard sizes consistently with the slices (HF's BERT expands its padding mask
+over the queries by a slice's length). ``mixed_lengths`` is gen's last check: an elementwise
+node broadcasting a whole length against a rank's could not run on a rank.
 """
 
 from __future__ import annotations
@@ -140,12 +143,12 @@ class _LengthGraph:
 
     def wanted(self, node: onnx.NodeProto) -> str | None:
         """The length ``node`` needs, where it may be given another: WHOLE for a node that
-        reads data but no slice (it computes a whole tensor) and for a reduce-scatter (what it
-        scatters is computed whole); RANK for a Reshape or Expand of a slice. None for the
-        others (but a Slice of a table along the keys, for a layer's scores: WHOLE): the nodes
-        computing lengths (part of what is given), those inside an
-        attention layer but the Reshapes and Expands of its scores along their queries, and
-        the ones whose lengths are as the shard gives them."""
+        reads data but no slice (it computes a whole tensor), for a Slice of a table along the
+        keys that a layer's scores read, and for a reduce-scatter (what it scatters is
+        computed whole); RANK for a Reshape or Expand of a slice, inside a layer of its scores
+        along their queries. None for the others: the nodes computing lengths (part of what
+        is given), the rest of the layers' insides, and the nodes whose lengths are as the
+        shard gives them."""
         if node.op_type in SHAPE_OPS:
             return None
         reads = [name for name in node.input if name]
@@ -226,7 +229,8 @@ class _LengthGraph:
             if name in self.inside:
                 # The target's entries are the output's axes, an Expand's aligned right.
                 out_rank = max(len(target), len(data)) if op_type == "Expand" else len(target)
-                queries = self.query_axes[name] - (out_rank - len(target))
+                axis = self.query_axes.get(name)
+                queries = None if axis is None else axis - (out_rank - len(target))
                 whole = [at for at in whole if at == queries]
             if op_type == "Expand":
                 offset = len(target) - len(data)
