@@ -620,22 +620,15 @@ def measure_simulation(
     if not module_available("shardcheck.simulation.simulate"):
         return NOT_AVAILABLE, None
     try:
-        from shardcheck import lifetime
         from shardcheck.simulation.simulate import simulate
 
         wholes: list[float] = []
         inferences: list[float] = []
         while len(wholes) < SIMULATION_PAIRS and sum(wholes) + sum(inferences) < 20.0:
             inferences.append(one_inference(model, seq_len))
-            # As `shardcheck simulate` runs: its sessions are left to the exit (here: freed
-            # after the clock stops, as the inference's session is).
-            lifetime.free_at_exit()
-            try:
-                started = time.perf_counter()
-                result = simulate(model.path, hints, ranks=ranks, seq_len=seq_len)
-                wholes.append(time.perf_counter() - started)
-            finally:
-                lifetime.free_when_done()
+            started = time.perf_counter()
+            result = simulate(model.path, hints, ranks=ranks, seq_len=seq_len)
+            wholes.append(time.perf_counter() - started)
     except Exception as exc:  # the module is being written; show why it did not run
         return f"error: {type(exc).__name__}: {exc}"[:120], None
     # Back to back, as for verify: the median of the pairs' ratios follows the machine's drift.
