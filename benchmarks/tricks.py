@@ -32,18 +32,12 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 
 DEFAULT_OUT = Path("/tmp/shardcheck-bench")
 _START = "import sys\nfrom shardcheck.cli import main\nsys.argv[0] = 'shardcheck'\nmain()\n"
+# The tricks still shipped, each switched off. The lowered switch interval and the objects left
+# to the exit were measured here too, and removed (docs/performance.md, the speed tricks).
 VARIANTS = {
     "as shipped": "",
-    # background.py lowers the interval only when the one found is longer than this.
-    "switch interval left at 5 ms": (
-        "import shardcheck.runtime.background as b\nb.HANDOFF_INTERVAL = 1.0\n"
-    ),
     # Every pause of the cyclic collector (cli.main, the imports, gc_paused) does nothing.
     "collector never paused": "import gc\ngc.disable = lambda: None\n",
-    # lifetime.keep_until_exit then keeps nothing: each object is freed when it is dropped.
-    "nothing left to the exit": (
-        "import shardcheck.lifetime as l\nl.free_at_exit = lambda: None\n"
-    ),
 }
 
 
