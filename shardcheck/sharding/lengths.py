@@ -253,9 +253,7 @@ class _LengthGraph:
                 if symbol is None:
                     pieces.append(self._constant([1]))
                 else:
-                    whole, rank_tensor, axis = self.references[symbol]
-                    tensor = rank_tensor if length == RANK else whole
-                    pieces.append(self._dim(tensor, axis, length))
+                    pieces.append(self._read(self.references[symbol], length))
             vector = self._new(f"{target}/{length}_length_factor")
             self.added.append(
                 helper.make_node("Concat", pieces, [vector], name=self._new(vector), axis=0)
@@ -382,10 +380,7 @@ class _LengthGraph:
             reference = self.references.get(dim) if isinstance(dim, str) else None
             if reference is not None and given != length:
                 product = None if dim in self.from_data else self._product(dim, length)
-                if product is None:
-                    whole, scattered, at = reference
-                    product = self._dim(whole if length == WHOLE else scattered, at, length)
-                pieces.append(product)
+                pieces.append(product or self._read(reference, length))
                 changed = True
             else:
                 pieces.append(self._dim(read, axis, given))
@@ -412,8 +407,7 @@ class _LengthGraph:
             if reference is not None:
                 if factor not in self.from_data:
                     return None  # a length that no data tensor scattered holds
-                whole, scattered, at = reference
-                pieces.append(self._dim(whole if length == WHOLE else scattered, at, length))
+                pieces.append(self._read(reference, length))
                 continue
             held = self._held(factor)  # a dim no rank splits (the batch): read as it is
             if held is None:
@@ -437,6 +431,12 @@ class _LengthGraph:
                 if dim == factor and axis != at:
                     return tensor, axis
         return None
+
+    def _read(self, reference: tuple[str, str, int], length: str) -> str:
+        """``length`` read off a reference: the Shape of its scattered tensor before the
+        reduce-scatter (the whole length) or after it (a rank's), on its axis."""
+        whole, scattered, axis = reference
+        return self._dim(whole if length == WHOLE else scattered, axis, length)
 
     def _dim(self, tensor: str, axis: int, length: str) -> str:
         key = (f"{tensor}\0{axis}", length)
