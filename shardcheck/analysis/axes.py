@@ -297,10 +297,7 @@ class AxisMapper:
         return None
 
     def _unsqueeze(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
-        axes = node.attr("axes")
-        if axes is None and len(node.inputs) > 1:
-            value = self.index.constant_ints(node.inputs[1])
-            axes = None if value is None else list(value)
+        axes = self.index.axes_of(node)
         in_rank = self.shapes.rank(node.inputs[0])
         if axes is None or in_rank is None:
             return None
@@ -329,11 +326,7 @@ class AxisMapper:
         return set(range(count))
 
     def _reduction(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
-        axes = node.attr("axes")
-        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
-            value = self.index.constant_ints(node.inputs[1])
-            axes = None if value is None else list(value)
-        return self._reduced(node, out_axis, axes)
+        return self._reduced(node, out_axis, self.index.axes_of(node))
 
     def _reduced(self, node: Node, out_axis: int, axes: list[int] | None) -> AxisList | None:
         """The input axis of a reduction over ``axes`` that ``out_axis`` keeps."""

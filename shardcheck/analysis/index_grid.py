@@ -63,9 +63,7 @@ def _unsqueezed_last(index: GraphIndex, part: str, grid_rank: int) -> str | None
     node = index.producer_of(part)
     if node is None or node.op_type != "Unsqueeze":
         return None
-    axes = node.attr("axes")
-    if axes is None and len(node.inputs) > 1:
-        axes = index.constant_ints(node.inputs[1])
+    axes = index.axes_of(node)
     if axes is None or len(axes) != 1 or axes[0] % grid_rank != grid_rank - 1:
         return None
     return node.inputs[0]

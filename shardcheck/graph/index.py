@@ -392,6 +392,15 @@ class GraphIndex:
         value = self.constant_value(tensor)
         return None if value is None else tuple(int(v) for v in value.reshape(-1))
 
+    def axes_of(self, node: Node) -> list[int] | None:
+        """The ``axes`` of an op that takes them as an attribute or, in newer opsets, as a
+        constant second input (Unsqueeze, Squeeze, the reductions); None where neither says."""
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+            value = self.constant_ints(node.inputs[1])
+            axes = None if value is None else list(value)
+        return axes
+
     def _constant_source(self, tensor: str) -> onnx.TensorProto | onnx.AttributeProto | None:
         """Where a small constant's value is stored: an inline tensor (an initializer of at most
         SMALL_CONSTANT_ELEMENTS, or a Constant node's ``value``), or a Constant node's
