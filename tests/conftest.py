@@ -242,6 +242,15 @@ def embedded_bert_layer() -> Any:
     return oh.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
+def int64_constant(name: str, values: list[int] | int) -> Any:
+    """An int64 initializer: a scalar from an int, a vector from a list."""
+    from onnx import TensorProto, helper
+
+    if isinstance(values, int):
+        return helper.make_tensor(name, TensorProto.INT64, [], [values])
+    return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+
+
 def checked_model(graph: Any, opset: int = 18) -> Any:
     """``graph`` as a model of the default domain's ``opset``, IR version 8, that onnx's full
     check accepts."""

@@ -7,18 +7,12 @@ Range TorchScript writes or one the rule must not follow.
 
 from __future__ import annotations
 
+from conftest import int64_constant
 from onnx import NodeProto, TensorProto, helper
 
-I64 = TensorProto.INT64
 # The grid's sequence entry: the Range (``own``), length - 1 minus it (``reversed``), or a
 # Range by 2 over twice the length, halved (``by_two``: the same values by another Range).
 SEQUENCE_ENTRIES = ("own", "reversed", "by_two")
-
-
-def _ints(name: str, values: list[int] | int) -> TensorProto:
-    if isinstance(values, int):
-        return helper.make_tensor(name, I64, [], [values])
-    return helper.make_tensor(name, I64, [len(values)], values)
 
 
 def copy_nodes(
@@ -87,4 +81,4 @@ def copy_nodes(
         "last_axis": [-1],
         "columns": list(range(copied)),
     }
-    return nodes, [_ints(name(key), value) for key, value in constants.items()]
+    return nodes, [int64_constant(name(key), value) for key, value in constants.items()]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from conftest import assert_verified_at_two_and_four_ranks, checked_model, run_cli
+from conftest import assert_verified_at_two_and_four_ranks, checked_model, int64_constant, run_cli
 from index_grids import copy_nodes
 from onnx import TensorProto
 from onnx import helper as oh
@@ -26,10 +26,6 @@ from shardcheck.hints.files import read_hints
 from shardcheck.planning.plan import make_plan
 
 D, WIDTH = 16, 24  # K's width and its buffer's
-
-
-def _ints(name: str, values: list[int]) -> onnx.TensorProto:
-    return oh.make_tensor(name, TensorProto.INT64, [len(values)], values)
 
 
 def _weight(name: str, shape: tuple[int, int], seed: int) -> onnx.TensorProto:
@@ -66,11 +62,11 @@ def _copied_k_model() -> onnx.ModelProto:
         _weight("W_o", (D, D), 3),
     ]
     constants += [
-        _ints("zero", [0]),
-        _ints("two", [2]),
-        _ints("width", [WIDTH]),
-        _ints("copied", [D]),
-        _ints("last", [-1]),
+        int64_constant("zero", [0]),
+        int64_constant("two", [2]),
+        int64_constant("width", [WIDTH]),
+        int64_constant("copied", [D]),
+        int64_constant("last", [-1]),
     ]
     shape = ["batch", "sequence", D]
     graph = oh.make_graph(

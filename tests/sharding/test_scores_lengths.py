@@ -19,15 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from conftest import assert_verified_at_two_and_four_ranks, checked_model, run_cli
+from conftest import assert_verified_at_two_and_four_ranks, checked_model, int64_constant, run_cli
 from onnx import TensorProto
 from onnx import helper as oh
 
 D = 8
-
-
-def _ints(name: str, values: list[int]) -> onnx.TensorProto:
-    return oh.make_tensor(name, TensorProto.INT64, [len(values)], values)
 
 
 def _model() -> onnx.ModelProto:
@@ -57,7 +53,7 @@ def _model() -> onnx.ModelProto:
             oh.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "sequence"]),
         ],
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", D])],
-        [*weights, _ints("one", [1]), _ints("rest", [-1])],
+        [*weights, int64_constant("one", [1]), int64_constant("rest", [-1])],
     )
     return checked_model(graph)
 
