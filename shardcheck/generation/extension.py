@@ -108,12 +108,11 @@ def extended_plan(
         sharded = shard_model(
             index, cut, shapes=shapes, detected=layers, weights=False, for_output=for_output
         )
-        lengths = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
+        lengths, model = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         del sharded
         if cut == hints and not traced and not (lengths.whole or lengths.rank):
             return None  # nothing for the lengths to give: the hints as they are
         extended = cut.with_changes(lengths=replace(lengths, traced=traced, for_output=for_output))
-        model = shard_model(given[0], extended, shapes=given[1], detected=given[2], weights=False)
         mixed = mixed_lengths(index, shapes, extended, model)
         if mixed is not None:
             if declined is not None:

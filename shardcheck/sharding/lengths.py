@@ -39,6 +39,7 @@ import heapq
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from functools import cached_property
 
 import onnx
 from onnx import helper
@@ -89,18 +90,14 @@ class _LengthGraph:
     ) -> None:
         self.shapes = shapes
         self.sharded = sharded
-        self.nodes = [_copied(node) for node in sharded.model.graph.node]
         layers = list(layers)
         self.inside = {index.nodes[at].name for layer in layers for at in layer.internal}
         self.query_axes = query_axes(index, shapes, layers)
         self.key_slices = key_slices(index, shapes, layers)
-        self.producer: dict[str, onnx.NodeProto] = {}
         self.data: set[str] = {info.name for info in sharded.model.graph.input}
         self.data -= {init.name for init in sharded.model.graph.initializer}
         self.sliced: set[str] = set()
-        for node in self.nodes:
-            for output in node.output:
-                self.producer[output] = node
+        for node in sharded.model.graph.node:
             if node.op_type in SHAPE_OPS:
                 continue
             reads = [name for name in node.input if name]
@@ -133,13 +130,31 @@ class _LengthGraph:
                 )
         self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
         self.added: list[onnx.NodeProto] = []
-        self.names = {name for node in self.nodes for name in (*node.input, *node.output)}
-        self.names |= {node.name for node in self.nodes}
         self._copies: dict[tuple[str, str], str] = {}
         self._on_rank: ShapeInference | None = None
         self.region: frozenset[str] = frozenset()
-        # The Reshapes and Expands that may be given a rank's length.
-        self.resizing: set[str] = {node.name for node in self.nodes if self.wanted(node) == RANK}
+
+    # Made when first asked: gen's last check (mixed_lengths) reads the shapes on a rank only,
+    # and gives no node a length.
+    @cached_property
+    def nodes(self) -> list[onnx.NodeProto]:
+        """The multi-device model's nodes, copied: giving a node its length changes it."""
+        return [_copied(node) for node in self.sharded.model.graph.node]
+
+    @cached_property
+    def producer(self) -> dict[str, onnx.NodeProto]:
+        return {output: node for node in self.nodes for output in node.output}
+
+    @cached_property
+    def names(self) -> set[str]:
+        """The names in use, of tensors and of nodes: a copy's are new."""
+        names = {name for node in self.nodes for name in (*node.input, *node.output)}
+        return names | {node.name for node in self.nodes}
+
+    @cached_property
+    def resizing(self) -> set[str]:
+        """The Reshapes and Expands that may be given a rank's length."""
+        return {node.name for node in self.nodes if self.wanted(node) == RANK}
 
     def wanted(self, node: onnx.NodeProto) -> str | None:
         """The length ``node`` needs, where it may be given another: WHOLE for a node that
@@ -478,14 +493,16 @@ def length_readers(
     hints: ShardHints,
     sharded: ShardedModel,
     region: Iterable[int],
-) -> LengthReads:
+) -> tuple[LengthReads, ShardedModel]:
     """The nodes of ``sharded`` (the multi-device model of ``hints``, without the extension)
-    that its Shapes give another length than the one they need; ``region``: the nodes of
-    the model that run on slices before the layers (the frontier's, by index)."""
+    that its Shapes give another length than the one they need, and ``sharded`` with them
+    given their lengths: the model that ``shard_model`` makes of ``hints`` with these
+    lengths, made once here for gen's weighing; ``region``: the nodes of the model that run
+    on slices before the layers (the frontier's, by index)."""
     graph = _LengthGraph(index, shapes, layers, hints, sharded)
     graph.region = frozenset(index.nodes[at].name for at in region)
     found = _give(graph, None)
-    return LengthReads(whole=tuple(found[WHOLE]), rank=tuple(found[RANK]))
+    return LengthReads(whole=tuple(found[WHOLE]), rank=tuple(found[RANK])), graph.model()
 
 
 def give_lengths(
