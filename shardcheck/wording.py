@@ -1,4 +1,5 @@
-"""How values and counts read in messages: "1 layer", "2 layers", a value as the file wrote it."""
+"""How values and counts read in messages: "1 layer", "2 layers", a value as the file wrote it,
+a byte count ("1.5 KiB")."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 # Past this, a value in a message is cut: the message stays one readable line.
 MAX_SHOWN_CHARS = 60
+# Byte counts from here on are written from their digits: a float cannot hold them all.
+_FLOAT_SAFE = 10**300
 
 
 def counted(number: int, singular: str, plural: str | None = None) -> str:
@@ -42,3 +45,16 @@ def one_line(text: str) -> str:
     ``\\x1b``): a name from a file (a tensor's, a JSON key) can neither forge a line of the
     output nor send a terminal an escape sequence."""
     return _CONTROL.sub(lambda m: _NAMED_ESCAPES.get(m.group(), repr(m.group())[1:-1]), text)
+
+
+def human(nbytes: int) -> str:
+    """``1536`` -> ``1.5 KiB``; past EiB, powers of ten (``2.4e+22 B``)."""
+    if nbytes >= _FLOAT_SAFE:  # past a float: the digits say it (--dim batch=10**400)
+        digits = str(nbytes)
+        return f"{digits[0]}.{digits[1]}e+{len(digits) - 1} B"
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{float(nbytes):.2g} B"

@@ -12,7 +12,8 @@ from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.files import read_hints
-from shardcheck.planning.plan import DEFAULT_RANKS, DEFAULT_SEQ_LEN, make_plan
+from shardcheck.planning.flop_count import DEFAULT_RANKS, DEFAULT_SEQ_LEN
+from shardcheck.planning.plan import make_plan
 from shardcheck.planning.report import render_json, render_text
 
 

@@ -24,7 +24,7 @@ from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
 
 if TYPE_CHECKING:
-    from shardcheck.planning.plan import FlopCount
+    from shardcheck.planning.flop_count import FlopCount
     from shardcheck.sharding.rewrite import ShardedModel
 
 # Positions per rank of the length the plans are counted at when the default one is too long.
@@ -99,7 +99,7 @@ def extended_plan(
         return None
     # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
     # (tests/graph/test_lean_reading.py).
-    from shardcheck.planning.plan import DEFAULT_RANKS
+    from shardcheck.planning.flop_count import DEFAULT_RANKS
     from shardcheck.sharding.lengths import length_readers, mixed_lengths
     from shardcheck.sharding.rewrite import shard_model
 
@@ -142,7 +142,7 @@ def _shares(
     """Both plans' shares at the default length, or at a short one (FALLBACK_POSITIONS per
     rank) where a model cannot be counted at the default (past its position table); the
     extension's counted on its multi-device model ``model`` (made concrete by the count)."""
-    from shardcheck.planning.plan import count_flops
+    from shardcheck.planning.flop_count import count_flops
 
     def shares(seq_len: int | None, made: ShardedModel | None) -> tuple[PlanShares, PlanShares]:
         plain, extended = (

@@ -44,7 +44,7 @@ def inlined_plan(
         return None
     # Imported only here: the inliner and the counts are onnx's and numpy's work.
     from shardcheck.generation.generate import generate_detected
-    from shardcheck.planning.plan import DEFAULT_RANKS
+    from shardcheck.planning.flop_count import DEFAULT_RANKS
     from shardcheck.sharding.inlined import inlined_index
 
     try:
@@ -94,7 +94,7 @@ def _counted(
 ) -> PlanShares | None:
     """The plan's shares at ``seq_len`` (None: the default); None where it cannot be
     counted there."""
-    from shardcheck.planning.plan import count_flops
+    from shardcheck.planning.flop_count import count_flops
 
     try:
         return PlanShares.of(

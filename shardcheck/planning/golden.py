@@ -20,7 +20,8 @@ from shardcheck.errors import ShardcheckError
 from shardcheck.fsio import atomic_write_text
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
-from shardcheck.planning.plan import DEFAULT_RANKS, DEFAULT_SEQ_LEN, make_plan
+from shardcheck.planning.flop_count import DEFAULT_RANKS, DEFAULT_SEQ_LEN
+from shardcheck.planning.plan import make_plan
 
 SUFFIX = ".plan"
 # Shares are recorded to 6 decimals: a plan is lower when it is below by more than that.

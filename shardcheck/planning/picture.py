@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from html import escape
 
-from shardcheck.planning.plan import CLASS_TITLES, CLASSES, Plan
+from shardcheck.planning.flop_count import CLASS_TITLES, CLASSES
+from shardcheck.planning.plan import Plan
 from shardcheck.planning.report import fold_layers, summary_line
-from shardcheck.runtime.memory import human
-from shardcheck.wording import counted
+from shardcheck.wording import counted, human
 
 WIDTH = 1200
 BOX_X = 40

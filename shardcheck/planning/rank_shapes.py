@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import onnx
-
 from shardcheck.analysis.detect import AttentionLayer, gathered_by_q
 from shardcheck.analysis.shapes import ExtraRule, ShapeInference
 from shardcheck.analysis.symbolic import size_at
 from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
+from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.hints.model import AttentionLayerHint, ShardHints
 from shardcheck.sharding.rewrite import (
@@ -111,7 +110,7 @@ def rank_shapes(
     return RankShapes(sharded, sharded_index, on_rank, on_one, copy_of, inserted)
 
 
-def _make_concrete(model: onnx.ModelProto, dims: Mapping[str, int]) -> None:
+def _make_concrete(model: protos.ModelProto, dims: Mapping[str, int]) -> None:
     graph = model.graph
     initializers = {tensor.name for tensor in graph.initializer}
     for graph_input in graph.input:
@@ -125,7 +124,7 @@ def _make_concrete(model: onnx.ModelProto, dims: Mapping[str, int]) -> None:
         graph.value_info.append(info)
 
 
-def _set_sizes(info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> None:
+def _set_sizes(info: protos.ValueInfoProto, dims: Mapping[str, int]) -> None:
     for dim in info.type.tensor_type.shape.dim:
         if dim.HasField("dim_param"):
             size = size_at(dim.dim_param, dims)
@@ -134,7 +133,7 @@ def _set_sizes(info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> None:
                 dim.dim_value = size
 
 
-def _after_scatters(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+def _after_scatters(nodes: Iterable[protos.NodeProto]) -> set[str]:
     """The tensors computed from a scattered one (through shapes too), nodes in graph order."""
     affected: set[str] = set()
     for node in nodes:

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import ShardcheckError
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
-from shardcheck.planning.plan import (
+from shardcheck.planning.flop_count import (
     CLASS_TITLES,
     CLASSES,
     DEFAULT_RANKS,
     FlopCount,
-    Plan,
     count_flops,
 )
-from shardcheck.runtime.memory import human
-from shardcheck.wording import counted, one_line
+from shardcheck.wording import counted, human, one_line
+
+if TYPE_CHECKING:
+    # Only the type: gen's line of the plan counts FLOPs alone, and the plan's memory
+    # count imports onnx and numpy (runtime/memory.py), which gen does not need.
+    from shardcheck.planning.plan import Plan
 
 
 def percent(share: float) -> str:

@@ -34,11 +34,9 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import factors
 from shardcheck.errors import InputError
 from shardcheck.graph.index import Dim, GraphIndex, Shape
-from shardcheck.wording import shown
+from shardcheck.wording import human, shown
 
 DEFAULT_ITEMSIZE = 4
-# Byte counts from here on are written from their digits: a float cannot hold them all.
-_FLOAT_SAFE = 10**300
 _MEMINFO = Path("/proc/meminfo")
 # cgroup v2, then v1: a container's limit is often far below the machine's MemAvailable.
 _CGROUP_LIMITS = (
@@ -181,19 +179,6 @@ def available_bytes() -> int | None:
         except (OSError, ValueError):
             continue
     return min(found) if found else None
-
-
-def human(nbytes: int) -> str:
-    """``1536`` -> ``1.5 KiB``; past EiB, powers of ten (``2.4e+22 B``)."""
-    if nbytes >= _FLOAT_SAFE:  # past a float: the digits say it (--dim batch=10**400)
-        digits = str(nbytes)
-        return f"{digits[0]}.{digits[1]}e+{len(digits) - 1} B"
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{float(nbytes):.2g} B"
 
 
 def refuse_oversized_run(

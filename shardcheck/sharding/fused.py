@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import onnx
-from onnx import helper
-
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import FusedSite, fused_site, pattern1_layers
 from shardcheck.errors import HintsMismatchError
+from shardcheck.graph import build, protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.tensors import attribute_graphs
 from shardcheck.hints.model import FusedAttention, ShardHints
@@ -28,17 +26,17 @@ FUSED_OP = "Attention"
 
 def fused_attention_attributes(
     fused: FusedAttention, scale: float | None
-) -> list[onnx.AttributeProto]:
+) -> list[protos.AttributeProto]:
     """The attributes of the fused Attention, in Polygraphy's order."""
     return [
-        helper.make_attribute("is_causal", int(fused.is_causal)),
-        helper.make_attribute("scale", float(1.0 if scale is None else scale)),
-        helper.make_attribute("TRT_decomposable", 0),
-        helper.make_attribute("nb_rank", int(fused.nb_rank)),
+        build.make_attribute("is_causal", int(fused.is_causal)),
+        build.make_attribute("scale", float(1.0 if scale is None else scale)),
+        build.make_attribute("TRT_decomposable", 0),
+        build.make_attribute("nb_rank", int(fused.nb_rank)),
     ]
 
 
-def is_fused_attention(node: onnx.NodeProto) -> bool:
+def is_fused_attention(node: protos.NodeProto) -> bool:
     """Whether ``node`` is the multi-device Attention a fused replacement writes."""
     return (
         node.op_type == FUSED_OP
@@ -84,10 +82,10 @@ def fused_sites(
     return sites
 
 
-def live_nodes(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+def live_nodes(nodes: list[protos.NodeProto], outputs: Iterable[str]) -> list[protos.NodeProto]:
     """``nodes`` (in a topological order) but those no graph output depends on."""
     needed = set(outputs)
-    kept: list[onnx.NodeProto] = []
+    kept: list[protos.NodeProto] = []
     for node in reversed(nodes):
         if needed.intersection(node.output):
             kept.append(node)

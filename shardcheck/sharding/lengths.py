@@ -41,9 +41,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from functools import cached_property
 
-import onnx
-from onnx import helper
-
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.layer_insides import key_slices, query_axes
 from shardcheck.analysis.shape_rules import apply_rule
@@ -51,6 +48,7 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one, is_name, mentions
 from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
 from shardcheck.errors import HintsMismatchError
+from shardcheck.graph import build, protos
 from shardcheck.graph.index import Dim, GraphIndex, Node
 from shardcheck.graph.ops import ELEMENTWISE, RESIZING_OPS, SHAPE_OPS
 from shardcheck.hints.model import LengthReads, ShardHints
@@ -129,7 +127,7 @@ class _LengthGraph:
                     dim, (tensor.name, scattered[tensor.name], tensor.seq_len_idx)
                 )
         self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
-        self.added: list[onnx.NodeProto] = []
+        self.added: list[protos.NodeProto] = []
         self._copies: dict[tuple[str, str], str] = {}
         self._on_rank: ShapeInference | None = None
         self.region: frozenset[str] = frozenset()
@@ -137,12 +135,12 @@ class _LengthGraph:
     # Made when first asked: gen's last check (mixed_lengths) reads the shapes on a rank only,
     # and gives no node a length.
     @cached_property
-    def nodes(self) -> list[onnx.NodeProto]:
+    def nodes(self) -> list[protos.NodeProto]:
         """The multi-device model's nodes, copied: giving a node its length changes it."""
         return [_copied(node) for node in self.sharded.model.graph.node]
 
     @cached_property
-    def producer(self) -> dict[str, onnx.NodeProto]:
+    def producer(self) -> dict[str, protos.NodeProto]:
         return {output: node for node in self.nodes for output in node.output}
 
     @cached_property
@@ -156,7 +154,7 @@ class _LengthGraph:
         """The Reshapes and Expands that may be given a rank's length."""
         return {node.name for node in self.nodes if self.wanted(node) == RANK}
 
-    def wanted(self, node: onnx.NodeProto) -> str | None:
+    def wanted(self, node: protos.NodeProto) -> str | None:
         """The length ``node`` needs, where it may be given another: WHOLE for a node that
         reads data but no slice (it computes a whole tensor), for a Slice of a table along the
         keys that a layer's scores read, and for a reduce-scatter (what it scatters is
@@ -190,11 +188,11 @@ class _LengthGraph:
             return WHOLE
         return RANK if node.op_type in RESIZING_OPS else None
 
-    def give(self, node: onnx.NodeProto, length: str) -> bool:
+    def give(self, node: protos.NodeProto, length: str) -> bool:
         """Give ``node`` ``length``; whether any of its inputs changed."""
         return self._give_whole(node) if length == WHOLE else self._give_rank(node)
 
-    def _give_whole(self, node: onnx.NodeProto) -> bool:
+    def _give_whole(self, node: protos.NodeProto) -> bool:
         """Recompute the length-like inputs of ``node`` with the whole length: the values it
         computes with (positions, the indices of a Gather), not a target shape. An Expand of
         a whole mask over the queries, sized by a slice's Shape, is the rank's slice of it,
@@ -210,7 +208,7 @@ class _LengthGraph:
                 changed = True
         return changed
 
-    def _give_rank(self, node: onnx.NodeProto) -> bool:
+    def _give_rank(self, node: protos.NodeProto) -> bool:
         """A Reshape's or Expand's target with each whole length along the slice's axis
         scaled to a rank's: the target's entry times a rank's length over the whole one
         (``batch*sequence`` becomes ``batch*sequence/N``)."""
@@ -271,16 +269,16 @@ class _LengthGraph:
                     pieces.append(self._read(self.references[symbol], length))
             vector = self._new(f"{target}/{length}_length_factor")
             self.added.append(
-                helper.make_node("Concat", pieces, [vector], name=self._new(vector), axis=0)
+                build.make_node("Concat", pieces, [vector], name=self._new(vector), axis=0)
             )
             factors.append(vector)
         times = self._new(f"{target}/times_rank_length")
         self.added.append(
-            helper.make_node("Mul", [target, factors[0]], [times], name=self._new(times))
+            build.make_node("Mul", [target, factors[0]], [times], name=self._new(times))
         )
         result = self._new(f"{target}/rank_length")
         self.added.append(
-            helper.make_node("Div", [times, factors[1]], [result], name=self._new(result))
+            build.make_node("Div", [times, factors[1]], [result], name=self._new(result))
         )
         return result
 
@@ -289,9 +287,9 @@ class _LengthGraph:
         known = self._copies.get(key)
         if known is None:
             known = self._new("shardcheck/length_one")
-            tensor = helper.make_tensor(known, onnx.TensorProto.INT64, [len(values)], values)
+            tensor = build.int64_tensor(known, [len(values)], values)
             self.added.append(
-                helper.make_node("Constant", [], [known], name=self._new(known), value=tensor)
+                build.make_node("Constant", [], [known], name=self._new(known), value=tensor)
             )
             self._copies[key] = known
         return known
@@ -302,7 +300,7 @@ class _LengthGraph:
         the Reshapes and Expands to be given a rank's length (``self.resizing``) have it, so
         that what follows them is inferred as it will be."""
         if self._on_rank is None:
-            model = onnx.ModelProto()
+            model = protos.ModelProto()
             model.CopyFrom(self.sharded.model)
             # What the model declares holds for one device: not for what a scatter reaches.
             affected = set(self.sliced)
@@ -366,7 +364,7 @@ class _LengthGraph:
         ):
             inputs = [self._copy(name, length) if name else name for name in producer.input]
             if inputs != list(producer.input):
-                copy = onnx.NodeProto()
+                copy = protos.NodeProto()
                 copy.CopyFrom(producer)
                 del copy.input[:]
                 copy.input.extend(inputs)
@@ -380,7 +378,7 @@ class _LengthGraph:
         self._copies[key] = result
         return result
 
-    def _shape(self, node: onnx.NodeProto, length: str) -> str:
+    def _shape(self, node: protos.NodeProto, length: str) -> str:
         """A Shape's output with each length along the sequence taken from a reference."""
         read = node.input[0]
         shape = self.shapes.shape(self.source.get(read, read))
@@ -405,7 +403,7 @@ class _LengthGraph:
             return pieces[0]
         output = self._new(f"{node.output[0]}/{length}_length")
         self.added.append(
-            helper.make_node("Concat", pieces, [output], name=self._new(output), axis=0)
+            build.make_node("Concat", pieces, [output], name=self._new(output), axis=0)
         )
         return output
 
@@ -432,7 +430,7 @@ class _LengthGraph:
         for piece in pieces[1:]:
             output = self._new(f"{dim}/{length}_length")
             self.added.append(
-                helper.make_node("Mul", [product, piece], [output], name=self._new(output))
+                build.make_node("Mul", [product, piece], [output], name=self._new(output))
             )
             product = output
         return product
@@ -459,7 +457,7 @@ class _LengthGraph:
         if known is None:
             known = self._new(f"{tensor}/{length}_length_{axis}")
             self.added.append(
-                helper.make_node(
+                build.make_node(
                     "Shape", [tensor], [known], name=self._new(known), start=axis, end=axis + 1
                 )
             )
@@ -476,7 +474,7 @@ class _LengthGraph:
 
     def model(self) -> ShardedModel:
         """The multi-device model with the copies, in a topological order."""
-        model = onnx.ModelProto()
+        model = protos.ModelProto()
         model.CopyFrom(self.sharded.model)
         del model.graph.node[:]
         ordered = _sorted([*self.nodes, *self.added], model.graph)
@@ -608,8 +606,8 @@ def _on_rank_dim(dim: Dim, symbol: str) -> Dim:
     return re.sub(rf"\b{re.escape(symbol)}\b", symbol + ON_RANK, dim)
 
 
-def _copied(node: onnx.NodeProto) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
+def _copied(node: protos.NodeProto) -> protos.NodeProto:
+    copy = protos.NodeProto()
     copy.CopyFrom(node)
     return copy
 
@@ -630,7 +628,7 @@ def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] 
     return [TensorInfo((first, *shape[1:]))]
 
 
-def _bounds(node: onnx.NodeProto, rank: int) -> tuple[int, int]:
+def _bounds(node: protos.NodeProto, rank: int) -> tuple[int, int]:
     """A Shape's ``start`` and ``end`` (opset 15), clamped as the operator clamps them."""
     start, end = 0, rank
     for attribute in node.attribute:
@@ -643,7 +641,7 @@ def _bounds(node: onnx.NodeProto, rank: int) -> tuple[int, int]:
     return start, end
 
 
-def _sorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+def _sorted(nodes: list[protos.NodeProto], graph: protos.GraphProto) -> list[protos.NodeProto]:
     """``nodes`` in a topological order: of the nodes whose inputs are ready, the first in
     ``nodes`` goes first (the original order where it already is one)."""
     made = {output: at for at, node in enumerate(nodes) for output in node.output if output}
@@ -656,7 +654,7 @@ def _sorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.No
                 followers[before].append(at)
     ready = [at for at, count in enumerate(waits) if count == 0]
     heapq.heapify(ready)
-    ordered: list[onnx.NodeProto] = []
+    ordered: list[protos.NodeProto] = []
     while ready:
         at = heapq.heappop(ready)
         ordered.append(nodes[at])

@@ -29,15 +29,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import onnx
 from google.protobuf.message import Message
-from onnx import helper
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, gathered_by_q
 from shardcheck.analysis.fusion import FusedSite
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.tensor_info import MAX_VALUE_ELEMENTS
 from shardcheck.errors import HintsMismatchError
+from shardcheck.graph import build, protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.tensors import INTEGER_TYPES
 from shardcheck.hints.codec import validated
@@ -66,13 +65,13 @@ class ChainTail:
 class ShardedModel:
     """The multi-device model and what its new tensors stand for."""
 
-    model: onnx.ModelProto
+    model: protos.ModelProto
     tails: dict[str, ChainTail] = field(default_factory=dict)
     # Original graph output -> the graph output of the sharded model that replaces it.
     outputs: dict[str, str] = field(default_factory=dict)
 
 
-def collective_operation(node: onnx.NodeProto) -> str:
+def collective_operation(node: protos.NodeProto) -> str:
     """A DistCollective's ``collective_operation`` (REDUCE_SCATTER, ALL_GATHER, ...)."""
     for attribute in node.attribute:
         if attribute.name == "collective_operation":
@@ -80,16 +79,16 @@ def collective_operation(node: onnx.NodeProto) -> str:
     return ""
 
 
-def collective_attributes(dist: DistCollective, operation: str) -> list[onnx.AttributeProto]:
+def collective_attributes(dist: DistCollective, operation: str) -> list[protos.AttributeProto]:
     """The attributes Polygraphy writes on a DistCollective, in its order."""
     reduce_op = dist.reduce_op if operation == REDUCE_SCATTER else "none"
     return [
-        helper.make_attribute("group_size", dist.group_size),
-        helper.make_attribute("root", dist.root),
-        helper.make_attribute("nb_rank", dist.nb_rank),
-        helper.make_attribute("reduce_op", reduce_op),
-        helper.make_attribute("collective_operation", operation),
-        helper.make_attribute("groups", list(dist.groups), attr_type=onnx.AttributeProto.INTS),
+        build.make_attribute("group_size", dist.group_size),
+        build.make_attribute("root", dist.root),
+        build.make_attribute("nb_rank", dist.nb_rank),
+        build.make_attribute("reduce_op", reduce_op),
+        build.make_attribute("collective_operation", operation),
+        build.make_attribute("groups", list(dist.groups)),
     ]
 
 
@@ -107,11 +106,11 @@ class _Rewriter:
         self.hints = hints
         self.hints_source = hints_source
         self.nodes = [_copy(node.proto) for node in index.nodes]
-        self.inserted: dict[int, list[onnx.NodeProto]] = {}
+        self.inserted: dict[int, list[protos.NodeProto]] = {}
         self.slot: dict[str, int] = dict.fromkeys(index.input_infos, BEFORE_FIRST_NODE)
         self.slot.update(dict.fromkeys(index.initializers, BEFORE_FIRST_NODE))
         self.slot.update(index.producer)
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        self.consumers: dict[str, list[tuple[protos.NodeProto, int]]] = {}
         for proto in self.nodes:
             self._add_uses(proto)
         self.graph_outputs = list(index.graph_outputs)
@@ -120,7 +119,7 @@ class _Rewriter:
         # Original tensor -> the tensor its consumers read now.
         self.current: dict[str, str] = {}
         self.tails: dict[str, ChainTail] = {}
-        self.new_value_infos: list[onnx.ValueInfoProto] = []
+        self.new_value_infos: list[protos.ValueInfoProto] = []
         self._shapes = shapes
         # Positions of the nodes a fused Attention replaced.
         self.removed: set[int] = set()
@@ -174,10 +173,10 @@ class _Rewriter:
         tail = _unique(wanted_name, self.tensor_names)
         node_name = _unique(tail, self.node_names)
         if operation is not None:
-            node = helper.make_node(COLLECTIVE_OP, [head], [tail], name=node_name)
+            node = build.make_node(COLLECTIVE_OP, [head], [tail], name=node_name)
             node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
         else:
-            node = helper.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
+            node = build.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
         for consumer, position in self.consumers.pop(head, []) if moving else ():
             consumer.input[position] = tail
             self.consumers.setdefault(tail, []).append((consumer, position))
@@ -188,7 +187,7 @@ class _Rewriter:
         self.graph_outputs = [tail if name == head else name for name in self.graph_outputs]
         elem_type = self.index.elem_type(source)
         if elem_type:
-            self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
+            self.new_value_infos.append(build.tensor_value_info(tail, elem_type))
         return tail
 
     def _swap(
@@ -238,7 +237,7 @@ class _Rewriter:
             head = self.current.get(source, source)
             if shuffle:
                 tail = _unique(f"{source}/fused_shuffle", self.tensor_names)
-                node = helper.make_node(
+                node = build.make_node(
                     "Transpose",
                     [head],
                     [tail],
@@ -249,7 +248,7 @@ class _Rewriter:
                 head = tail
             inputs.append(head)
         position = self.index.producer[site.output]
-        node = helper.make_node(
+        node = build.make_node(
             "Attention",
             inputs,
             [site.output],
@@ -260,23 +259,23 @@ class _Rewriter:
         self._add_uses(node)
         self.inserted.setdefault(position, []).append(node)
 
-    def _place(self, node: onnx.NodeProto, slot: int, source: str) -> None:
+    def _place(self, node: protos.NodeProto, slot: int, source: str) -> None:
         self._add_uses(node)
         self.inserted.setdefault(slot, []).append(node)
         tail = node.output[0]
         self.slot[tail] = slot
         elem_type = self.index.elem_type(source)
         if elem_type:
-            self.new_value_infos.append(helper.make_tensor_value_info(tail, elem_type, None))
+            self.new_value_infos.append(build.tensor_value_info(tail, elem_type))
 
     # ----------------------------------------------------------------- bookkeeping
 
-    def _add_uses(self, proto: onnx.NodeProto) -> None:
+    def _add_uses(self, proto: protos.NodeProto) -> None:
         for position, name in enumerate(proto.input):
             if name:
                 self.consumers.setdefault(name, []).append((proto, position))
 
-    def sorted_nodes(self) -> list[onnx.NodeProto]:
+    def sorted_nodes(self) -> list[protos.NodeProto]:
         ordered = list(self.inserted.get(BEFORE_FIRST_NODE, []))
         for position, proto in enumerate(self.nodes):
             if position not in self.removed:
@@ -298,8 +297,8 @@ def _unique(wanted: str, used: set[str]) -> str:
     return name
 
 
-def _copy(proto: onnx.NodeProto) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
+def _copy(proto: protos.NodeProto) -> protos.NodeProto:
+    copy = protos.NodeProto()
     copy.CopyFrom(proto)
     return copy
 
@@ -454,9 +453,9 @@ def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> N
                 )
 
 
-def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> onnx.ModelProto:
+def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> protos.ModelProto:
     if weights:
-        model = onnx.ModelProto()
+        model = protos.ModelProto()
         model.CopyFrom(index.model)
         graph = model.graph
         del graph.node[:]
@@ -467,7 +466,7 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> onnx.
     original_outputs = {info.name: info for info in graph.output}
     del graph.output[:]
     for original, name in zip(index.graph_outputs, rewriter.graph_outputs, strict=True):
-        info = onnx.ValueInfoProto()
+        info = protos.ValueInfoProto()
         info.CopyFrom(original_outputs[original])
         info.name = name
         tail = rewriter.tails.get(name)
@@ -484,12 +483,12 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> onnx.
     return model
 
 
-def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def _weightless_copy(model: protos.ModelProto) -> protos.ModelProto:
     """``model`` without its nodes, and its initializers without their data but the small
     integer ones that shapes are computed from (names, types and dims kept): a model to count
     the shapes of, at a fraction of a copy's time and memory. Fields this onnx does not know
     are left out too: the model is counted, never written."""
-    copy = _fields_but(model, onnx.ModelProto(), "graph")
+    copy = _fields_but(model, protos.ModelProto(), "graph")
     _fields_but(model.graph, copy.graph, "node", "initializer")
     copy.graph.initializer.extend(map(_hollow, model.graph.initializer))
     return copy
@@ -510,9 +509,9 @@ def _fields_but(source: Message, target: Message, *left_out: str) -> Message:
     return target
 
 
-def _hollow(tensor: onnx.TensorProto) -> onnx.TensorProto:
+def _hollow(tensor: protos.TensorProto) -> protos.TensorProto:
     if tensor.data_type in INTEGER_TYPES and math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS:
         return tensor
-    hollow = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type)
+    hollow = protos.TensorProto(name=tensor.name, data_type=tensor.data_type)
     hollow.dims.extend(tensor.dims)
     return hollow

@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import onnx
-from onnx import TensorProto, helper
-
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import HintsMismatchError
+from shardcheck.graph import build, protos
 from shardcheck.graph.index import Dim, GraphIndex, Node
 
 # What the nodes that compute a traced entry are named after: the Reshape's name, then this.
@@ -76,13 +74,13 @@ def _entry(shapes: ShapeInference, node: Node, length: int, seq: Dim) -> TracedE
     return TracedEntry(at, len(target), axes[0], target[at] // length)  # type: ignore[operator]
 
 
-def untraced_model(index: GraphIndex, entries: Mapping[str, TracedEntry]) -> onnx.ModelProto:
+def untraced_model(index: GraphIndex, entries: Mapping[str, TracedEntry]) -> protos.ModelProto:
     """A copy of the model in which each Reshape of ``entries`` computes its traced entry from
     its input's length; at the traced length it computes what the model does."""
-    model = onnx.ModelProto()
+    model = protos.ModelProto()
     model.CopyFrom(index.model)
     by_name = {node.name: node for node in index.nodes if node.name in entries}
-    inserted: dict[int, list[onnx.NodeProto]] = {}
+    inserted: dict[int, list[protos.NodeProto]] = {}
     graph = model.graph
     for name, entry in entries.items():
         node = by_name[name]
@@ -97,14 +95,14 @@ def untraced_model(index: GraphIndex, entries: Mapping[str, TracedEntry]) -> onn
     return model
 
 
-def _entry_nodes(node: Node, entry: TracedEntry) -> tuple[list[onnx.NodeProto], str]:
+def _entry_nodes(node: Node, entry: TracedEntry) -> tuple[list[protos.NodeProto], str]:
     """The nodes that compute ``node``'s target with the traced entry read from its input,
     and the new target's name."""
     prefix = node.name + NAME_PART
     target = node.inputs[1]
     length = f"{prefix}/length"
     nodes = [
-        helper.make_node(
+        build.make_node(
             "Shape",
             [node.inputs[0]],
             [length],
@@ -117,7 +115,7 @@ def _entry_nodes(node: Node, entry: TracedEntry) -> tuple[list[onnx.NodeProto], 
         factor = f"{prefix}/factor"
         nodes.append(_constant(factor, [entry.factor]))
         nodes.append(
-            helper.make_node("Mul", [length, factor], [f"{prefix}/entry"], name=f"{prefix}/Mul")
+            build.make_node("Mul", [length, factor], [f"{prefix}/entry"], name=f"{prefix}/Mul")
         )
         length = f"{prefix}/entry"
     parts = []
@@ -127,25 +125,25 @@ def _entry_nodes(node: Node, entry: TracedEntry) -> tuple[list[onnx.NodeProto], 
     if entry.entry < entry.size - 1:
         parts.append(_slice(nodes, prefix, "tail", target, entry.entry + 1, TO_THE_END))
     new_target = f"{prefix}/target"
-    nodes.append(helper.make_node("Concat", parts, [new_target], name=f"{prefix}/Concat", axis=0))
+    nodes.append(build.make_node("Concat", parts, [new_target], name=f"{prefix}/Concat", axis=0))
     return nodes, new_target
 
 
 def _slice(
-    nodes: list[onnx.NodeProto], prefix: str, part: str, target: str, start: int, end: int
+    nodes: list[protos.NodeProto], prefix: str, part: str, target: str, start: int, end: int
 ) -> str:
     starts, ends, output = f"{prefix}/{part}_start", f"{prefix}/{part}_end", f"{prefix}/{part}"
     nodes.append(_constant(starts, [start]))
     nodes.append(_constant(ends, [end]))
     nodes.append(
-        helper.make_node("Slice", [target, starts, ends], [output], name=f"{prefix}/Slice_{part}")
+        build.make_node("Slice", [target, starts, ends], [output], name=f"{prefix}/Slice_{part}")
     )
     return output
 
 
-def _constant(name: str, values: list[int]) -> onnx.NodeProto:
-    value = helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
-    return helper.make_node("Constant", [], [name], name=name, value=value)
+def _constant(name: str, values: list[int]) -> protos.NodeProto:
+    value = build.int64_tensor(name, [len(values)], values)
+    return build.make_node("Constant", [], [name], name=name, value=value)
 
 
 @dataclass(frozen=True)

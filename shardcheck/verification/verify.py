@@ -235,7 +235,8 @@ def verify(
 
 def _add_plan(report: Report, index: GraphIndex, hints: ShardHints, ranks: int | None) -> None:
     """The plan of the hints, counted at the default length (planning/)."""
-    from shardcheck.planning.plan import DEFAULT_RANKS, make_plan
+    from shardcheck.planning.flop_count import DEFAULT_RANKS
+    from shardcheck.planning.plan import make_plan
     from shardcheck.planning.report import plan_dict, summary_line
 
     if not hints.inputs:

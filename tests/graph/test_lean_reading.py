@@ -19,6 +19,7 @@ from shardcheck.analysis.causal import (
     _is_triangular_constant,
     _may_be_triangular_constant,
 )
+from shardcheck.analysis.tensor_info import raw_ints
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import _run_checker, load_index, parse_model
@@ -32,20 +33,25 @@ def assert_prints_ok(code: str) -> None:
 
 
 def test_gen_imports_neither_onnx_nor_numpy_on_any_fixture(tmp_path: Path) -> None:
-    # One process for all models: each gen must leave both unimported in the process itself
-    # (the checker's child process imports onnx; that is its own). The plans are counted on
-    # the multi-device model, which onnx builds: where gen weighs the extension (its cut is
-    # not the hints') or prints the plan's line, it imports onnx, so the hints are written
-    # alone here.
+    # One process for all models: each gen, as shipped (weighing the extension, counting the
+    # plan's line on multi-device models built from the message classes), must leave both
+    # unimported in the process itself (the checker's child process imports onnx; that is
+    # its own). Only a model of local functions needs onnx: its inliner computes the calls.
+    with_functions = [m for m in FIXTURE_MODELS if _has_functions(m)]
+    assert len(with_functions) == 3  # the in_functions exports; a new one is listed here
     code = (
         "import sys; from shardcheck.cli import cli\n"
-        f"for model in {[str(m) for m in FIXTURE_MODELS]!r}:\n"
-        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}, '--no-extension', "
-        "'--no-plan'], standalone_mode=False)\n"
+        f"for model in {[str(m) for m in FIXTURE_MODELS if m not in with_functions]!r}:\n"
+        f"    cli.main(['gen', model, '-o', {str(tmp_path / 'h.json')!r}], "
+        "standalone_mode=False)\n"
         "    assert 'onnx' not in sys.modules and 'numpy' not in sys.modules, model\n"
         "print('ok')\n"
     )
     assert_prints_ok(code)
+
+
+def _has_functions(model: Path) -> bool:
+    return bool(onnx.load(model, load_external_data=False).functions)
 
 
 def test_the_onnx_package_imported_later_uses_the_same_classes() -> None:
@@ -177,6 +183,34 @@ def test_constants_read_without_numpy_agree_with_their_arrays() -> None:
             if head is not None and value is not None and value.size:
                 assert head[0] == value.reshape(-1)[0], where
     assert integers > 100  # the exports' shape arithmetic is full of them
+
+
+@pytest.mark.parametrize(
+    "data_type",
+    [
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+    ],
+)
+@pytest.mark.parametrize("dims", [(), (1,), (3,)])
+def test_integers_in_their_typed_field_read_without_numpy_as_numpy_reads_them(
+    data_type: int, dims: tuple[int, ...]
+) -> None:
+    # The multi-device model's length constants (graph/build.py) hold their values in the
+    # typed field, as onnx.helper.make_tensor writes them; shape inference reads them so.
+    values = [7, 0, 100][: dims[0] if dims else 1]
+    tensor = oh.make_tensor("c", data_type, dims, values)
+    assert not tensor.HasField("raw_data")
+    expected = tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+    assert raw_ints(tensor, dims) == expected == tuple(values)
+    # A count that is not the tensor's is not read.
+    assert raw_ints(tensor, (len(values) + 1,)) is None
 
 
 def _square(name: str, matrix: np.ndarray, *, raw: bool = True) -> GraphIndex:

@@ -16,7 +16,7 @@ from shardcheck.analysis.tensor_info import MAX_VALUE_ELEMENTS
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.tensors import INTEGER_TYPES
-from shardcheck.planning.plan import count_flops
+from shardcheck.planning.flop_count import count_flops
 from shardcheck.sharding.rewrite import shard_model
 
 REAL = FIXTURES / "real"
