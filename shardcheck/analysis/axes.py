@@ -249,11 +249,19 @@ class AxisMapper:
     def _gather_nd(self, node: Node, out_axis: int) -> AxisList | None:
         # Without batch dims, the output's leading axes are the indices' but their last: each
         # row of indices picks its own slice of the data (a weight every rank holds whole, as
-        # the dynamo exporter's batched experts gather each token's experts' weights).
-        index_rank = self.shapes.rank(node.inputs[1])
-        if node.attr("batch_dims", 0) or index_rank is None or out_axis >= index_rank - 1:
+        # the dynamo exporter's batched experts gather each token's experts' weights). The
+        # indices [..., k] address the data's first k axes; the output's axes after the
+        # indices' are the data's from k, copied whole (the dynamo exporter picks Falcon's
+        # K and V heads out of its fused QKV so, with the sequence past them).
+        indices = self.shapes.shape(node.inputs[1])
+        if node.attr("batch_dims", 0) or not indices:
             return None
-        return [(node.inputs[1], out_axis)]
+        if out_axis < len(indices) - 1:
+            return [(node.inputs[1], out_axis)]
+        indexed = indices[-1]
+        if not isinstance(indexed, int):
+            return None
+        return [(node.inputs[0], indexed + out_axis - (len(indices) - 1))]
 
     def _scatter_nd(self, node: Node, out_axis: int) -> AxisList | None:
         # The indices [..., k] address the data's first k axes; past them the updates

@@ -1,9 +1,11 @@
 """The axis rules of the ops that read or write by indices along one axis (analysis/axes.py):
-ScatterND past the axes its indices address, GatherElements and ScatterElements along every
-axis but the one they index, ArgMax along every axis but the one it reduces. DeepSeek-V3's
-exports use the first three: its K is a new buffer into which each head's halves are copied
-(ScatterND), its router picks each token's experts' weights (GatherElements) and masks each
-token's groups (ScatterElements); PhiMoE's router picks each token's expert by ArgMax.
+ScatterND and GatherND past the axes their indices address, GatherElements and
+ScatterElements along every axis but the one they index, ArgMax along every axis but the one
+it reduces. DeepSeek-V3's exports use the ScatterND and the Elements ops: its K is a new buffer
+into which each head's halves are copied (ScatterND), its router picks each token's experts'
+weights (GatherElements) and masks each token's groups (ScatterElements); PhiMoE's router picks
+each token's expert by ArgMax; the dynamo exporter's Falcon picks its K and V heads out of its
+fused QKV by GatherND.
 
 Each rule is shown two ways: what the mapper answers, and onnxruntime running the node on
 the slices of the axis it maps, which must give the slices of the whole run.
@@ -89,6 +91,43 @@ def test_scatter_nd_addressing_every_axis_maps_none() -> None:
     index = GraphIndex(model)
     mapper = AxisMapper(index, ShapeInference(index), "sequence")
     assert [mapper.input_axes(index.nodes[0], axis) for axis in range(3)] == [None] * 3
+
+
+def test_gather_nd_past_its_indexed_axes_copies_the_data_axes() -> None:
+    # The dynamo exporter's Falcon picks a K head group out of its fused QKV, transposed to
+    # [4 groups, batch, sequence, 2 kv heads, 16], with indices [[2]]: [1, batch, sequence, 2,
+    # 16]. Past the indices' leading axis, the output's axes are the data's from the one
+    # indexed on: the sequence is axis 2 of both.
+    pick = helper.make_tensor("pick", I64, [1, 1], [2])
+    node = helper.make_node("GatherND", ["qkv", "pick"], ["out"])
+    model = _model(
+        node, [helper.make_tensor_value_info("qkv", F, [4, "batch", "sequence", 2, 16])], [pick]
+    )
+    index = GraphIndex(model)
+    mapper = AxisMapper(index, ShapeInference(index), "sequence")
+    gather = index.nodes[0]
+    assert mapper.input_axes(gather, 2) == [("qkv", 2)]
+    assert mapper.input_axes(gather, 4) == [("qkv", 4)]
+    assert mapper.input_axes(gather, 0) == [("pick", 0)]  # the indices' own rows
+    assert mapper.output_axis(gather, "qkv", 2) == 2
+    assert mapper.output_axis(gather, "qkv", 0) is None  # the axis it indexes
+    rng = np.random.default_rng(0)
+    feeds = {"qkv": rng.standard_normal((4, 1, 8, 2, 16)).astype(np.float32)}
+    assert _sliced_runs_agree(model, feeds, {"qkv": 2}, 2)
+
+
+def test_gather_nd_with_batch_dims_maps_none() -> None:
+    node = helper.make_node("GatherND", ["data", "where"], ["out"], batch_dims=1)
+    model = _model(
+        node,
+        [
+            helper.make_tensor_value_info("data", F, ["batch", 4, "sequence"]),
+            helper.make_tensor_value_info("where", I64, ["batch", 1]),
+        ],
+    )
+    index = GraphIndex(model)
+    mapper = AxisMapper(index, ShapeInference(index), "sequence")
+    assert [mapper.input_axes(index.nodes[0], axis) for axis in range(2)] == [None] * 2
 
 
 @pytest.mark.parametrize("op", ["GatherElements", "ScatterElements"])

@@ -37,9 +37,10 @@ def test_the_experts_routing_keeps_the_token_axis() -> None:
     assert mapper.input_axes(topk, 0) == [(topk.inputs[0], 0)]
     assert mapper.input_axes(topk, 1) is None
     # GatherND picks [token, 128, 32] weights by the indices' rows: the token axis is theirs,
-    # the weight's own axes come from no token.
+    # the weight's own axes are the weight's, past the one indexed, and no token's.
     assert mapper.input_axes(gather, 0) == [(gather.inputs[1], 0)]
-    assert mapper.input_axes(gather, 1) is None
+    assert mapper.input_axes(gather, 1) == [(gather.inputs[0], 1)]
+    assert gather.inputs[0] in index.initializers
 
 
 def test_gen_writes_the_extension_that_splits_the_experts(tmp_path: Path) -> None:

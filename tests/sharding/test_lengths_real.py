@@ -37,6 +37,8 @@ SPLIT_BY_DEFAULT = [
     # ALiBi, its scores reshaped inside each layer by the mask's whole length.
     "dynamo_bloom_tiny",
     "ts_falcon_tiny",
+    # Falcon's K and V heads picked out of its fused QKV by a GatherND (analysis/axes.py).
+    "dynamo_falcon_gqa_tiny",
     "ts_gptj_tiny",
     "dynamo_distilbert_tiny",
     "dynamo_pair_mask_encoder",
