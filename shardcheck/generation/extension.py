@@ -97,8 +97,8 @@ def extended_plan(
     for_output = frontier.for_output
     if cut == hints and not traced and not exacter:
         return None
-    # Imported only here: gen leaves onnx and numpy unimported where the cut is the same
-    # (tests/graph/test_lean_reading.py).
+    # Imported only here: where the cut is the same, gen needs none of the sharding or the
+    # count. Neither imports onnx nor numpy (tests/graph/test_lean_reading.py).
     from shardcheck.planning.flop_count import DEFAULT_RANKS
     from shardcheck.sharding.lengths import length_readers, mixed_lengths
     from shardcheck.sharding.rewrite import shard_model
