@@ -210,12 +210,20 @@ def _refuse_uneven(
             continue
         shape = found.on_one.shape(node.inputs[0])
         positions = shape[0] if shape else None
-        if not isinstance(positions, int) or positions % ranks:
-            tail = next(t for t in found.sharded.tails.values() if t.collective_node == node.name)
-            held = "an unknown number of" if not isinstance(positions, int) else positions
+        tail = next(t for t in found.sharded.tails.values() if t.collective_node == node.name)
+        if not isinstance(positions, int):
+            # No length gives one: say where the shapes are lost, not to pick another length.
+            lost = _shape_lost_at(found, node.inputs[0])
+            where = f" past {lost.op_type} {lost.label}" if lost is not None else ""
+            raise InputError(
+                f"{index.source}: the scattered tensor {tail.source!r} has an unknown number of "
+                f"positions on axis {tail.axis}: its shape is not inferred{where}, "
+                "so the plan cannot be counted; verify runs the model all the same"
+            )
+        if positions % ranks:
             raise InputError(
                 f"{index.source}: --seq-len {seq_len} --ranks {ranks}: the scattered tensor "
-                f"{tail.source!r} has {held} positions on axis {tail.axis} at this length, "
+                f"{tail.source!r} has {positions} positions on axis {tail.axis} at this length, "
                 f"not a multiple of {ranks}; "
                 + (
                     "the model runs at this length only: give --ranks a divisor of it"
@@ -223,6 +231,31 @@ def _refuse_uneven(
                     else "pick a length that gives one"
                 )
             )
+
+
+def _shape_lost_at(found: RankShapes, tensor: str) -> Node | None:
+    """The first node, in graph order, on the way to ``tensor`` whose output's shape on one
+    device is unknown while its inputs' are known: where shape inference lost it."""
+    index, on_one = found.index, found.on_one
+
+    def known(name: str) -> bool:
+        shape = on_one.shape(name)
+        return shape is not None and all(isinstance(dim, int) for dim in shape)
+
+    pending, seen, lost = [tensor], {tensor}, []
+    while pending:
+        producer = index.producer_of(pending.pop())
+        if producer is None:
+            continue
+        inputs = [name for name in producer.inputs if name]
+        unknown = [name for name in inputs if not known(name)]
+        if not unknown:
+            lost.append(producer)
+        for name in unknown:
+            if name not in seen:
+                seen.add(name)
+                pending.append(name)
+    return min(lost, key=lambda node: node.index, default=None)
 
 
 def node_classes(index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]):  # type: ignore[no-untyped-def]

@@ -355,3 +355,39 @@ def test_the_extensions_plan_counts_each_node_as_itself() -> None:
     assert plan.classes["attention"].on_slices == sum(products + k * heads * S * S for k in others)
     assert plan.classes["attention"].whole == 0
     assert all(layer.q_local for layer in plan.layers)
+
+
+def test_a_scattered_tensor_of_unknown_length_names_where_its_shape_is_lost() -> None:
+    # TorchScript's MobileBERT pads its trigram embeddings by pads computed at run time: no
+    # length makes the scattered tensor's positions known, so the error names the Pad rather
+    # than asking for another length.
+    from onnx import TensorProto, helper
+
+    from shardcheck.errors import InputError
+    from shardcheck.graph.index import GraphIndex
+    from shardcheck.hints.model import ShardHints, ShardTensor
+    from shardcheck.planning.flop_count import count_flops
+
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"),
+        helper.make_node("MatMul", ["padded", "w"], ["out"], name="projection"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 4]),
+            helper.make_tensor_value_info("pads", TensorProto.INT64, [6]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)],
+    )
+    index = GraphIndex(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    hints = ShardHints(inputs=(ShardTensor("padded", 1, 3),), outputs=(ShardTensor("out", 1, 3),))
+    for seq_len in (64, 4096):
+        with pytest.raises(InputError) as refused:
+            count_flops(index, ShapeInference(index), [], hints, seq_len=seq_len)
+        message = str(refused.value)
+        assert "'padded' has an unknown number of positions on axis 1" in message
+        assert "not inferred past Pad pad_by_input" in message
+        assert "pick a length" not in message
