@@ -147,6 +147,45 @@ def unfollowed(
     ]
 
 
+def unfollowed_back(
+    index: GraphIndex,
+    shapes: ShapeInference,
+    sequences: tuple[Dim, ...],
+    scattered: Iterable[tuple[str, int]],
+    whole_projections: Iterable[Node],
+) -> list[Blocker]:
+    """Where the cut stops at an op the axis rules do not follow back: the first in graph
+    order of the producers of the ``scattered`` tensors (with their axes) that map no input
+    axis to the output's sequence axis, computed from projections run whole. The scatter
+    stands after it, and so all before it runs whole (the dynamo exporter's Falcon picked its
+    K and V heads by a GatherND that had no rule past its indices)."""
+    whole = list(whole_projections)
+    if not whole or not sequences or isinstance(sequences[0], int):
+        return []
+    derived = data_derived(index)
+    mapper = AxisMapper(index, shapes, sequences[0], sequences[1:])
+    stops = []
+    for tensor, axis in scattered:
+        producer = index.producer_of(tensor)
+        if producer is None or producer.op_type in SHAPE_OPS or tensor not in derived:
+            continue
+        if mapper.input_axes(producer, axis) is None:
+            stops.append(producer)
+    whole_at = {node.index for node in whole}
+    stops = [stop for stop in stops if whole_at & _ancestors(index, [stop], derived)]
+    if not stops:
+        return []
+    stop = min(stops, key=lambda node: node.index)
+    return [
+        Blocker(
+            f"the sequence is not followed back through {stop.op_type} {stop.label}",
+            stop.inputs[0] if stop.inputs else "",
+            stop.label,
+            _unfollowed_fix(stop, False),
+        )
+    ]
+
+
 def _unfollowed_fix(stop: Node, routed_experts: bool) -> str:
     if routed_experts:
         return (

@@ -16,7 +16,7 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
 from shardcheck.planning.activations import peak_bytes, tensor_bytes
-from shardcheck.planning.blockers import Blocker, find_blockers, unfollowed
+from shardcheck.planning.blockers import Blocker, find_blockers, unfollowed, unfollowed_back
 from shardcheck.planning.flop_count import DEFAULT_RANKS, FlopCount, count_with_shapes
 from shardcheck.planning.flops import node_flops
 from shardcheck.planning.rank_shapes import RankShapes
@@ -91,6 +91,11 @@ def make_plan(
     gathered = [(c.tensor, c.axis) for c in moved if c.role == "gather output"]
     resliced = set(scattered).union(sliced_tensors).__contains__
     blockers += unfollowed(index, shapes, sequences, gathered, whole_projections, resliced)
+    if not blockers:
+        # Else the reasons found explain the cut (a length read sizes a head split that
+        # the rules then do not follow back either).
+        cut = [(c.tensor, c.axis) for c in moved if c.role == "scatter"]
+        blockers += unfollowed_back(index, shapes, sequences, cut, whole_projections)
     return Plan(
         **{part.name: getattr(count, part.name) for part in fields(FlopCount)},
         hints=hints_source,
