@@ -11,8 +11,9 @@ rank's tokens, the scores of its queries against every key); else every rank run
 - ``speedup_bound``: the single-device FLOPs over a rank's, the speed-up CP could reach if
   communication were free (Amdahl's bound: the whole-run work is never divided).
 
-This is the first part of the plan (plan.py) and all that gen weighs its two plans by; apart
-from the memory and traffic, it imports neither onnx nor numpy, as gen's reading does not.
+This is the first part of the plan (plan.py) and all that gen weighs its two plans by. It is
+kept apart from the plan's memory count, which imports numpy: counting imports neither onnx
+nor numpy, as gen's reading does not.
 """
 
 from __future__ import annotations
