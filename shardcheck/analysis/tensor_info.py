@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from shardcheck.graph.index import Dim, Shape
-from shardcheck.graph.protos import TensorProto
-from shardcheck.graph.tensors import INTEGER_TYPES, raw_values
+from shardcheck.graph.tensors import INTEGER_TYPES, field_values, raw_values
 
 if TYPE_CHECKING:
     import numpy as np
@@ -15,18 +14,6 @@ if TYPE_CHECKING:
 
 # Integer tensors up to this many elements carry their values (shapes, axes, indices).
 MAX_VALUE_ELEMENTS = 16
-# The field that holds an integer tensor's values when they are not raw_data, by element type
-# (onnx.proto: int32_data holds the narrower types one value per entry).
-_TYPED_FIELDS = {
-    TensorProto.INT64: "int64_data",
-    TensorProto.INT32: "int32_data",
-    TensorProto.INT16: "int32_data",
-    TensorProto.INT8: "int32_data",
-    TensorProto.UINT16: "int32_data",
-    TensorProto.UINT8: "int32_data",
-    TensorProto.UINT32: "uint64_data",
-    TensorProto.UINT64: "uint64_data",
-}
 
 
 class TensorInfo(NamedTuple):
@@ -51,12 +38,8 @@ def raw_ints(tensor: onnx.TensorProto, dims: tuple[int, ...]) -> tuple[int, ...]
     if tensor.data_type not in INTEGER_TYPES:
         return None
     count = dims[0] if dims else 1
-    if not tensor.HasField("raw_data"):
-        field = _TYPED_FIELDS.get(tensor.data_type)
-        values = getattr(tensor, field) if field is not None else ()
-        if len(values) == count and tensor.data_location != TensorProto.EXTERNAL:
-            return tuple(values)
-    return raw_values(tensor, count, whole=True)
+    in_field = field_values(tensor)
+    return in_field if len(in_field) == count else raw_values(tensor, count, whole=True)
 
 
 def shape_value(value: np.ndarray | None) -> tuple[Dim, ...] | None:

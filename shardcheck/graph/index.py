@@ -21,6 +21,7 @@ from shardcheck.graph.protos import full_onnx
 from shardcheck.graph.tensors import (
     INTEGER_TYPES,
     external_tensors,
+    field_values,
     locations_of,
     raw_values,
     tensor_value,
@@ -125,16 +126,6 @@ def _value_info_shape(info: onnx.ValueInfoProto) -> Shape | None:
         else:
             dims.append(None)
     return tuple(dims)
-
-
-# Where a one-element tensor's number is, stored without raw_data, by its element type (other
-# types, float16's bits among them, are read from raw_data alone).
-_TYPED_FIELDS: dict[int, Callable[[onnx.TensorProto], Sequence[float | int]]] = {
-    protos.TensorProto.FLOAT: lambda t: t.float_data,
-    protos.TensorProto.DOUBLE: lambda t: t.double_data,
-    protos.TensorProto.INT64: lambda t: t.int64_data,
-    protos.TensorProto.INT32: lambda t: t.int32_data,
-}
 
 
 class GraphIndex:
@@ -350,7 +341,7 @@ class GraphIndex:
         elif source is not None and math.prod(source.dims) == 1:
             values = self.raw_values(source, 1, whole=True)
             if values is None:  # stored in the typed field of its type, not as raw_data
-                values = tuple(_TYPED_FIELDS.get(source.data_type, lambda t: ())(source))
+                values = field_values(source)
         if values is None or len(values) != 1:
             return None
         return values[0]
@@ -376,17 +367,21 @@ class GraphIndex:
 
     def constant_ints(self, tensor: str) -> tuple[int, ...] | None:
         """The elements of an integer ``constant_value(tensor)``, flattened (None for other
-        element types); stored as raw_data (the usual axes, repeats and indices), they are
-        read without numpy."""
+        element types); stored as raw_data (the usual axes, repeats and indices) or in their
+        typed field, they are read without numpy."""
         source = self._constant_source(tensor)
         if source is None:
             return None
         if isinstance(source, protos.TensorProto):
             if source.data_type not in INTEGER_TYPES:
                 return None
-            values = raw_values(source, math.prod(source.dims), whole=True)
+            count = math.prod(source.dims)
+            values = raw_values(source, count, whole=True)
             if values is not None:
                 return values
+            in_field = field_values(source)
+            if len(in_field) == count:
+                return in_field
         elif source.name not in ("value_int", "value_ints"):
             return None
         value = self.constant_value(tensor)

@@ -38,6 +38,21 @@ _STRUCT_CODES = {
     protos.TensorProto.BOOL: "?",
 }
 _LAYOUTS: dict[tuple[int, str], struct.Struct] = {}  # (count, code) -> its little-endian layout
+# The field that holds a tensor's values where they are not raw_data, by element type: the
+# types whose field holds the values themselves (onnx.proto: int32_data holds the narrower
+# integers one value per entry; float16's entries are its bits, so it is read from raw_data).
+_VALUE_FIELDS = {
+    protos.TensorProto.FLOAT: "float_data",
+    protos.TensorProto.DOUBLE: "double_data",
+    protos.TensorProto.INT64: "int64_data",
+    protos.TensorProto.INT32: "int32_data",
+    protos.TensorProto.INT16: "int32_data",
+    protos.TensorProto.INT8: "int32_data",
+    protos.TensorProto.UINT16: "int32_data",
+    protos.TensorProto.UINT8: "int32_data",
+    protos.TensorProto.UINT32: "uint64_data",
+    protos.TensorProto.UINT64: "uint64_data",
+}
 INTEGER_TYPES = frozenset(code for code, letter in _STRUCT_CODES.items() if letter in "bhiqBHIQ")
 
 
@@ -89,6 +104,13 @@ def raw_values(
     if len(raw) < layout.size or (whole and len(raw) != layout.size):
         return None
     return layout.unpack_from(raw)
+
+
+def field_values(tensor: onnx.TensorProto) -> tuple[Any, ...]:
+    """The values a tensor holds in the typed field of its element type, not as raw_data (as
+    onnx.helper.make_tensor and graph/build.py store them); () for a type without one."""
+    field = _VALUE_FIELDS.get(tensor.data_type)
+    return () if field is None or tensor.HasField("raw_data") else tuple(getattr(tensor, field))
 
 
 def tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
