@@ -11,14 +11,18 @@ import json
 
 import onnx
 import pytest
-from conftest import FIXTURES, run_cli
-from onnx import numpy_helper
+from conftest import FIXTURES, checked_model, run_cli
+from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck.analysis.detect import detect_attention
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.errors import InputError
 from shardcheck.generation.generate import generate
 from shardcheck.generation.options import GenOptions
+from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.loader import load_index
+from shardcheck.hints.model import ShardHints, ShardTensor
+from shardcheck.planning.flop_count import count_flops
 from shardcheck.planning.plan import make_plan
 
 REAL = FIXTURES / "real"
@@ -361,13 +365,6 @@ def test_a_scattered_tensor_of_unknown_length_names_where_its_shape_is_lost() ->
     # TorchScript's MobileBERT pads its trigram embeddings by pads computed at run time: no
     # length makes the scattered tensor's positions known, so the error names the Pad rather
     # than asking for another length.
-    from onnx import TensorProto, helper
-
-    from shardcheck.errors import InputError
-    from shardcheck.graph.index import GraphIndex
-    from shardcheck.hints.model import ShardHints, ShardTensor
-    from shardcheck.planning.flop_count import count_flops
-
     nodes = [
         helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"),
         helper.make_node("MatMul", ["padded", "w"], ["out"], name="projection"),
@@ -379,10 +376,10 @@ def test_a_scattered_tensor_of_unknown_length_names_where_its_shape_is_lost() ->
             helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 4]),
             helper.make_tensor_value_info("pads", TensorProto.INT64, [6]),
         ],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "padded", 4])],
         [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)],
     )
-    index = GraphIndex(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    index = GraphIndex(checked_model(graph))
     hints = ShardHints(inputs=(ShardTensor("padded", 1, 3),), outputs=(ShardTensor("out", 1, 3),))
     for seq_len in (64, 4096):
         with pytest.raises(InputError) as refused:
