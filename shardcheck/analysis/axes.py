@@ -112,7 +112,12 @@ class AxisMapper:
             # own position (a mixture of experts' weights of each token's chosen experts, its
             # mask of each token's chosen groups), where the indices span the data's axis.
             if node.attr("axis", 0) % out_rank == out_axis:
-                return None
+                if op == "ScatterElements":
+                    return None
+                # Along the axis it indexes, each element is the data's at its own index's
+                # value: the indices' axis, the data read whole (DeBERTa's relative scores,
+                # each query's scores picked out of every position's).
+                return [(node.inputs[1], out_axis)]
             dims = {_dim(self.shapes, name, out_axis) for name in node.inputs}
             if len(dims) != 1 or None in dims:
                 return None

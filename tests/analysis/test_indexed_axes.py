@@ -1,6 +1,7 @@
 """The axis rules of the ops that read or write by indices along one axis (analysis/axes.py):
 ScatterND and GatherND past the axes their indices address, GatherElements and
-ScatterElements along every axis but the one they index, ArgMax along every axis but the one
+ScatterElements along every axis but the one they index (and GatherElements along that one
+too, by its indices: DeBERTa's relative scores), ArgMax along every axis but the one
 it reduces. DeepSeek-V3's exports use the ScatterND and the Elements ops: its K is a new buffer
 into which each head's halves are copied (ScatterND), its router picks each token's experts'
 weights (GatherElements) and masks each token's groups (ScatterElements); PhiMoE's router picks
@@ -145,7 +146,10 @@ def test_elements_ops_keep_every_axis_but_the_indexed_one(op: str) -> None:
     index = GraphIndex(model)
     mapper = AxisMapper(index, ShapeInference(index), "tokens")
     assert mapper.input_axes(index.nodes[0], 0) == [(name, 0) for name in inputs]
-    assert mapper.input_axes(index.nodes[0], 1) is None
+    # Along the indexed axis a gather reads its indices only (the next test); a scatter writes
+    # each element where its index says, so its output's positions are no input's.
+    along = [("choices", 1)] if op == "GatherElements" else None
+    assert mapper.input_axes(index.nodes[0], 1) == along
     rng = np.random.default_rng(0)
     feeds = {
         "scores": rng.standard_normal((8, 4)).astype(np.float32),
@@ -154,6 +158,30 @@ def test_elements_ops_keep_every_axis_but_the_indexed_one(op: str) -> None:
     if op == "ScatterElements":
         feeds["ones"] = np.ones((8, 2), np.float32)
     assert _sliced_runs_agree(model, feeds, dict.fromkeys(inputs, 0), 0)
+
+
+def test_gather_elements_along_its_indexed_axis_follows_the_indices() -> None:
+    # DeBERTa's position-to-content scores: every key's scores against the 2 * span relative
+    # positions, [heads, keys, 6], picked for each (key, query) by an index [heads, keys,
+    # queries] along the last axis. Along the queries, each output is its own index's pick
+    # from the data, which every rank reads whole.
+    node = helper.make_node("GatherElements", ["by_position", "index"], ["out"], axis=2)
+    model = _model(
+        node,
+        [
+            helper.make_tensor_value_info("by_position", F, [2, "sequence", 6]),
+            helper.make_tensor_value_info("index", I64, [2, "sequence", "sequence"]),
+        ],
+    )
+    index = GraphIndex(model)
+    mapper = AxisMapper(index, ShapeInference(index), "sequence")
+    assert mapper.input_axes(index.nodes[0], 2) == [("index", 2)]
+    rng = np.random.default_rng(0)
+    feeds = {
+        "by_position": rng.standard_normal((2, 8, 6)).astype(np.float32),
+        "index": rng.integers(0, 6, (2, 8, 8)).astype(np.int64),
+    }
+    assert _sliced_runs_agree(model, feeds, {"index": 2}, 2)
 
 
 def test_elements_ops_whose_indices_cover_part_of_an_axis_map_none() -> None:
