@@ -13,6 +13,7 @@ from shardcheck.analysis.layer_insides import key_slices
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions
 from shardcheck.frontier.gathers import gathered_kv
+from shardcheck.frontier.kv_readers import layout_chain
 from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import (
@@ -115,12 +116,17 @@ def _warn_layer_insides(
     sliced = SlicedTest(sources.ids, [sources.ids.id[name] for name in cut])
     along_keys = key_slices(index, shapes, layers) if lengths_given else frozenset()
     for layer in layers:
+        # The layer's own tensors (its scores) hold a rank's queries and every key, as the
+        # nodes between them need: DeBERTa views its scores with their own shape.
+        own = {output for at in layer.internal for output in index.nodes[at].outputs}
         for node_index in layer.internal:
             node = index.nodes[node_index]
             source = (
                 None if node.op_type in SHAPE_OPS else size_source_off_region(node, sources, region)
             )
-            if source is None or not _may_carry_length(index, shapes, sources, node, sequences):
+            if source is None or source in own:
+                continue
+            if not _may_carry_length(index, shapes, sources, node, sequences):
                 continue
             whole = not sliced(sources.ids.id[source])
             if whole and lengths_given and node.op_type in RESIZING_OPS:
@@ -183,7 +189,7 @@ def _warn_key_lengths(
         before_gather = {
             id_of[name]
             for k_or_v, gathered in ((layer.k, layer.gathered_k), (layer.v, layer.gathered_v))
-            for name in _layout_chain(index, sources.derived, k_or_v, gathered)
+            for name in layout_chain(index, sources.derived, k_or_v, gathered)
             if name in region
         }
         for node_index in layer.internal:
@@ -199,23 +205,6 @@ def _warn_key_lengths(
                     "slice of before K and V are gathered; CP may not be exact"
                 )
                 break
-
-
-def _layout_chain(index: GraphIndex, derived: set[str], start: str, end: str) -> list[str]:
-    """The tensors from ``start`` (K or V) up to ``end`` (what CP gathers), without it: back
-    from ``end`` through each producer's data input."""
-    chain: list[str] = []
-    current = end
-    for _ in range(32):
-        producer = index.producer_of(current)
-        if current == start or producer is None:
-            break
-        data = [name for name in producer.inputs if name in derived]
-        if not data:
-            break
-        current = data[0]
-        chain.append(current)
-    return chain
 
 
 def _lengths_of_slices(

@@ -23,6 +23,9 @@ class Frontier:
     # The extension's outputs gathered for the graph output alone (their other consumers keep
     # the slices), in the order of ``outputs``.
     for_output: tuple[str, ...] = ()
+    # The extension's K and V tensors gathered for the nodes that read them beside their
+    # layer (frontier/kv_readers.py): (tensor, axis, reader nodes), by name.
+    kv_for_readers: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
 
 
 class GraphOrder:

@@ -16,6 +16,8 @@ tensor once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
@@ -28,8 +30,9 @@ from shardcheck.frontier.exposed import (
     passed_through,
 )
 from shardcheck.frontier.gathers import WholeReads, gathered_kv, walk_forward
+from shardcheck.frontier.kv_readers import KvGathers, gathered_for_readers, kv_chains
 from shardcheck.frontier.masks import layer_seeds, whole_sized_masks
-from shardcheck.frontier.region import BackWalk
+from shardcheck.frontier.region import BackWalk, Region
 from shardcheck.frontier.result import Frontier, GraphOrder, in_graph_order
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources
@@ -110,6 +113,23 @@ def find_frontier(
     layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
     sources = ShapeSources(index, ids, derived, shapes)
     back = BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
+    # The extension gathers K and V for the nodes that read them beside their layer.
+    kv_gathers: KvGathers = {}
+    chains = kv_chains(index, derived, layers) if lengths_by_reader else set()
+
+    def gather_kv_for_readers(
+        walked: Region,
+    ) -> Callable[[SlicedTest, list[int]], list[int]] | None:
+        if not chains:
+            return None
+
+        def gathered(sliced: SlicedTest, read: list[int]) -> list[int]:
+            rest, found = gathered_for_readers(index, ids, walked, chains, sliced, read)
+            kv_gathers.update(found)
+            return rest
+
+        return gathered
+
     # The rounds find the cuts; the gathers follow from them. A length read after the gathers
     # from a tensor ranks hold slices of makes that tensor whole, and the rounds run again; in
     # the extension too, whose shard gives the whole length only to the Gathers indexing
@@ -130,7 +150,8 @@ def find_frontier(
             )
             if not lengths_by_reader:
                 needed |= sized_whole(index, mapper, sources, walked)
-            needed |= sliced_beside(ids, walked)
+            kv_gathers.clear()
+            needed |= sliced_beside(ids, walked, gather_kv_for_readers(walked))
             if given_out is None:
                 needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
             needed |= exposed.read_beside(index, layers, walked)
@@ -175,6 +196,9 @@ def find_frontier(
         order, shapes, {name: axis for name, axis in cut.items() if name not in exposed.queries}
     )
     result.region_nodes = frozenset(walked.nodes)
+    result.kv_for_readers = tuple(
+        (name, axis, readers) for name, (axis, readers) in sorted(kv_gathers.items())
+    )
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
     for_output: set[str] = set()
     if given_out is not None:

@@ -9,6 +9,7 @@ what is read beside the walk along another axis or by an op mixing positions.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.shapes import ShapeInference
@@ -132,16 +133,23 @@ def sized_whole(
     return stops
 
 
-def sliced_beside(ids: TensorIds, region: Region) -> set[str]:
+def sliced_beside(
+    ids: TensorIds,
+    region: Region,
+    gathered: Callable[[SlicedTest, list[int]], list[int]] | None = None,
+) -> set[str]:
     """What the region's nodes read broadcast along the axis walked, that a rank would hold a
     slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
     turned over the queries, [batch, 1, queries, 1]): sliced along another axis of the node's
     output, it would cut that axis too. It must be whole, and so the region tensors it is
-    computed from."""
+    computed from; but those that ``gathered`` leaves out of what it returns (the extension
+    gathers them for their readers: kv_readers.py)."""
     if not region.read_beside:
         return set()
     sliced = SlicedTest(ids, region.cut_ids)
     read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
+    if gathered is not None and read:
+        read = gathered(sliced, read)
     return _region_ancestors(ids, read, region.in_region) if read else set()
 
 

@@ -21,7 +21,7 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError, ShardcheckError
 from shardcheck.frontier.search import find_frontier
 from shardcheck.graph.index import GraphIndex
-from shardcheck.hints.model import ShardHints
+from shardcheck.hints.model import ReaderGather, ShardHints
 
 if TYPE_CHECKING:
     from shardcheck.planning.flop_count import FlopCount
@@ -95,6 +95,9 @@ def extended_plan(
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
     for_output = frontier.for_output
+    for_readers = tuple(
+        ReaderGather(name, axis, readers) for name, axis, readers in frontier.kv_for_readers
+    )
     if cut == hints and not traced and not exacter:
         return None
     # Imported only here: where the cut is the same, gen needs none of the sharding or the
@@ -106,13 +109,21 @@ def extended_plan(
     try:
         # Weightless: these models are counted, never run or written.
         sharded = shard_model(
-            index, cut, shapes=shapes, detected=layers, weights=False, for_output=for_output
+            index,
+            cut,
+            shapes=shapes,
+            detected=layers,
+            weights=False,
+            for_output=for_output,
+            for_readers=for_readers,
         )
         lengths, model = length_readers(index, shapes, layers, cut, sharded, frontier.region_nodes)
         del sharded
         if cut == hints and not traced and not (lengths.whole or lengths.rank):
             return None  # nothing for the lengths to give: the hints as they are
-        extended = cut.with_changes(lengths=replace(lengths, traced=traced, for_output=for_output))
+        extended = cut.with_changes(
+            lengths=replace(lengths, traced=traced, for_output=for_output, for_readers=for_readers)
+        )
         mixed = mixed_lengths(index, shapes, extended, model)
         if mixed is not None:
             if declined is not None:

@@ -25,6 +25,7 @@ _KEYED_COLLECTIONS = {
     "attention_layers": "q",
     "lengths": "node",
     "gathered_for_output": "tensor",
+    "gathered_for_readers": "name",
     "inlined_functions": "function",
 }
 
@@ -80,6 +81,11 @@ def canonical(hints: ShardHints) -> dict[str, Any]:
         }
         if hints.lengths.for_output:  # absent where none, as in the extension file
             document["gathered_for_output"] = dict.fromkeys(hints.lengths.for_output, "output")
+        if hints.lengths.for_readers:
+            document["gathered_for_readers"] = {
+                gather.name: {"seq_len_idx": gather.seq_len_idx, "nodes": list(gather.nodes)}
+                for gather in hints.lengths.for_readers
+            }
         if hints.lengths.inlined:
             document["inlined_functions"] = {
                 f"{domain}:{name}": "inlined" for domain, name in hints.lengths.inlined

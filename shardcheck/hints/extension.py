@@ -16,6 +16,7 @@ masks sized by a slice's length, head splits by a whole tensor's), gen also writ
         "rank_length": ["node", ...],
         "traced_length": ["node", ...],
         "gathered_for_output": ["tensor", ...],
+        "gathered_for_readers": [{"name": "...", "seq_len_idx": 1, "nodes": ["node", ...]}, ...],
         "inlined_functions": [{"domain": "...", "name": "..."}, ...]
     }
 
@@ -25,7 +26,10 @@ target holds a whole length; ``traced_length`` (only where there are some): the 
 target holds the length a TorchScript trace ran at (``sharding/traced.py``);
 ``gathered_for_output`` (only where there are some): the hinted outputs gathered for the graph
 output alone, their other consumers left on the rank's slice (a hidden state or attention
-probabilities given out beside the layers' compute); ``inlined_functions`` (only where there
+probabilities given out beside the layers' compute); ``gathered_for_readers`` (only where
+there are some): tensors of a layer's K or V before its gather, all-gathered along
+``seq_len_idx`` for the nodes named alone, which read them beside the layer (DeBERTa's
+position-to-content scores); ``inlined_functions`` (only where there
 are some): the model-local functions the graph calls (its attention or its MLPs), inlined
 into the graph before the hints are read, which name tensors of that graph
 (``sharding/inlined.py``). What the hints scatter is computed with the whole length always.
@@ -42,13 +46,14 @@ from typing import Any
 
 from shardcheck.errors import HintsFormatError
 from shardcheck.hints.codec import decode, dumps, encode, parse
-from shardcheck.hints.model import LengthReads, ShardHints
+from shardcheck.hints.model import LengthReads, ReaderGather, ShardHints
 from shardcheck.wording import shown
 
 TAG_KEY = "shardcheck_extension"
 TAG = "lengths"
 VERSION = 1
 FOR_OUTPUT = "gathered_for_output"
+FOR_READERS = "gathered_for_readers"
 INLINED = "inlined_functions"
 KEYS = (
     TAG_KEY,
@@ -58,6 +63,7 @@ KEYS = (
     "rank_length",
     "traced_length",
     FOR_OUTPUT,
+    FOR_READERS,
     INLINED,
 )
 NODE_LISTS = ("whole_length", "rank_length", "traced_length")
@@ -88,6 +94,11 @@ def encode_extension(hints: ShardHints) -> dict[str, Any]:
         document["traced_length"] = list(lengths.traced)
     if lengths.for_output:
         document[FOR_OUTPUT] = list(lengths.for_output)
+    if lengths.for_readers:
+        document[FOR_READERS] = [
+            {"name": gather.name, "seq_len_idx": gather.seq_len_idx, "nodes": list(gather.nodes)}
+            for gather in lengths.for_readers
+        ]
     if lengths.inlined:
         document[INLINED] = [{"domain": domain, "name": name} for domain, name in lengths.inlined]
     return document
@@ -150,6 +161,7 @@ def decode_extension(document: Mapping[str, Any], source: str) -> ShardHints:
             traced=names["traced_length"],
             for_output=_gathered_for_output(document, hints, source),
             inlined=_inlined_functions(document, source),
+            for_readers=_gathered_for_readers(document, source),
         )
     )
 
@@ -181,6 +193,46 @@ def _inlined_functions(document: Mapping[str, Any], source: str) -> tuple[tuple[
                 source, f"{INLINED}[{at}]", f"names function {shown(entry)} twice"
             )
         found.append(function)
+    return tuple(found)
+
+
+def _gathered_for_readers(document: Mapping[str, Any], source: str) -> tuple[ReaderGather, ...]:
+    """The extension's ``gathered_for_readers``: each tensor named once, with its axis and
+    the nodes (one or more, each once) that read it gathered."""
+    value = document.get(FOR_READERS, [])
+    entry_form = '{"name": ..., "seq_len_idx": ..., "nodes": [...]}'
+    if not isinstance(value, list):
+        raise HintsFormatError(
+            source, FOR_READERS, f"expected a list of {entry_form} objects, got {shown(value)}"
+        )
+    found: list[ReaderGather] = []
+    for at, entry in enumerate(value):
+        where = f"{FOR_READERS}[{at}]"
+        if not isinstance(entry, Mapping) or sorted(entry) != ["name", "nodes", "seq_len_idx"]:
+            raise HintsFormatError(
+                source, where, f"expected a {entry_form} object, got {shown(entry)}"
+            )
+        name, axis, nodes = entry["name"], entry["seq_len_idx"], entry["nodes"]
+        if not isinstance(name, str) or not name:
+            raise HintsFormatError(
+                source, f"{where}.name", f"expected a tensor name, got {shown(name)}"
+            )
+        if isinstance(axis, bool) or not isinstance(axis, int) or axis < 0:
+            raise HintsFormatError(
+                source, f"{where}.seq_len_idx", f"expected an axis (0 or more), got {shown(axis)}"
+            )
+        if (
+            not isinstance(nodes, list)
+            or not nodes
+            or not all(isinstance(node, str) and node for node in nodes)
+            or len(set(nodes)) != len(nodes)
+        ):
+            raise HintsFormatError(
+                source, f"{where}.nodes", f"expected node names, each once, got {shown(nodes)}"
+            )
+        if any(gather.name == name for gather in found):
+            raise HintsFormatError(source, where, f"names tensor {shown(name)} twice")
+        found.append(ReaderGather(name, axis, tuple(nodes)))
     return tuple(found)
 
 

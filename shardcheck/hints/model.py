@@ -60,6 +60,18 @@ class AttentionLayerHint:
 
 
 @dataclass(frozen=True)
+class ReaderGather:
+    """A tensor of a layer's K or V on its way to the layer's gather, all-gathered along
+    ``seq_len_idx`` for ``nodes`` alone, which read it beside the layer (DeBERTa's
+    position-to-content scores, ``frontier/kv_readers.py``); every other consumer keeps the
+    rank's slice."""
+
+    name: str
+    seq_len_idx: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LengthReads:
     """shardcheck's extension to the hints (``extension.py``): the nodes whose shape inputs
     ``shardcheck shard`` computes from the whole length of the sequence (``whole``: they
@@ -71,13 +83,15 @@ class LengthReads:
     hinted outputs whose all-gather feeds the graph output only (hidden states or attention
     probabilities given out): their other consumers keep the rank's slice. ``inlined``: the
     model-local functions, as (domain, name), that every command inlines into the graph before
-    it reads the hints, which name that graph's tensors (``sharding/inlined.py``)."""
+    it reads the hints, which name that graph's tensors (``sharding/inlined.py``).
+    ``for_readers``: K and V gathered for the nodes that read them beside their layer."""
 
     whole: tuple[str, ...] = ()
     rank: tuple[str, ...] = ()
     traced: tuple[str, ...] = ()
     for_output: tuple[str, ...] = ()
     inlined: tuple[tuple[str, str], ...] = ()
+    for_readers: tuple[ReaderGather, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, sequence_dim
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError
+from shardcheck.frontier.kv_readers import kv_chains
 from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.hints.model import ShardHints
@@ -263,6 +264,7 @@ def node_classes(index: GraphIndex, shapes: ShapeInference, layers: list[Attenti
     core = {at for layer in layers for at in layer.internal}
     derived = data_derived(index)
     derived -= indexed_weights(index, shapes, derived)
+    core |= relative_scores(index, layers, derived)
 
     def class_of(node: Node) -> str:
         if node.index in core:
@@ -275,3 +277,30 @@ def node_classes(index: GraphIndex, shapes: ShapeInference, layers: list[Attenti
         return "other"
 
     return class_of
+
+
+def relative_scores(index: GraphIndex, layers: list[AttentionLayer], derived: set[str]) -> set[int]:
+    """The products that score a layer's Q or K against a table computed from weights alone,
+    added to its scores (DeBERTa's content-to-position and position-to-content scores): work
+    of the attention itself, over every key as the scores are, not a projection of tokens.
+    Found back from each layer's masks, up to the first products."""
+    found: set[int] = set()
+    for layer in layers:
+        sides = {layer.q, layer.k, layer.v, layer.gathered_k, layer.gathered_v}
+        sides.update(kv_chains(index, derived, [layer]))
+        queue = [name for name in layer.masks if name in derived]
+        seen = set(queue)
+        while queue:
+            node = index.producer_of(queue.pop())
+            if node is None or node.index in found:
+                continue
+            data = [name for name in node.inputs if name in derived]
+            if node.op_type in PRODUCT_OPS:
+                if data and all(name in sides for name in data):
+                    found.add(node.index)
+                continue
+            for name in data:
+                if name not in seen and name not in sides:
+                    seen.add(name)
+                    queue.append(name)
+    return found

@@ -40,7 +40,13 @@ from shardcheck.graph import build, protos
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.tensors import INTEGER_TYPES
 from shardcheck.hints.codec import validated
-from shardcheck.hints.model import AttentionLayerHint, DistCollective, FusedAttention, ShardHints
+from shardcheck.hints.model import (
+    AttentionLayerHint,
+    DistCollective,
+    FusedAttention,
+    ReaderGather,
+    ShardHints,
+)
 from shardcheck.sharding.fused import fused_attention_attributes, fused_sites, live_nodes
 from shardcheck.sharding.inlined import planned_index
 
@@ -136,12 +142,14 @@ class _Rewriter:
         fields: tuple[str, str] = ("seq_len_idx", "rank"),
         *,
         for_output: bool = False,
+        readers: frozenset[str] | None = None,
     ) -> None:
         """Scatter or gather ``source`` (as its consumers now read it) along ``axis``;
         ``fields``: the hints' names of ``axis`` and ``rank``, for messages. ``for_output``:
-        only the graph output takes the collective's result; the consumers read what they did."""
+        only the graph output takes the collective's result; the consumers read what they did.
+        ``readers``: only the nodes of these names take it (not the graph output)."""
         head = self.current.get(source, source)
-        moving = not for_output
+        moving: bool | frozenset[str] = readers if readers is not None else not for_output
         perm = None if axis == 0 else self._swap(source, axis, rank, what, fields)
         name = f"{source}/{operation}"
         tensor = head
@@ -154,7 +162,7 @@ class _Rewriter:
         collective_node = self.inserted[self.slot[tensor]][-1].name
         if perm is not None:
             tensor = self._extend(tensor, name, source, perm=perm, moving=moving)
-        if moving:
+        if moving is True:
             self.current[source] = tensor
         self.tails[tensor] = ChainTail(source, operation, collective_node, axis)
 
@@ -166,10 +174,11 @@ class _Rewriter:
         *,
         operation: str | None = None,
         perm: list[int] | None = None,
-        moving: bool = True,
+        moving: bool | frozenset[str] = True,
     ) -> str:
         """Insert a collective (``operation``) or a Transpose (``perm``) after ``head``;
-        ``moving``: its consumers read the new tensor (else only the graph output does)."""
+        ``moving``: its consumers read the new tensor (False: only the graph output does; a
+        set of node names: only those nodes do)."""
         tail = _unique(wanted_name, self.tensor_names)
         node_name = _unique(tail, self.node_names)
         if operation is not None:
@@ -177,14 +186,26 @@ class _Rewriter:
             node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
         else:
             node = build.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
-        for consumer, position in self.consumers.pop(head, []) if moving else ():
-            consumer.input[position] = tail
-            self.consumers.setdefault(tail, []).append((consumer, position))
+        if isinstance(moving, frozenset):
+            kept = []
+            for consumer, position in self.consumers.pop(head, []):
+                if consumer.name in moving:
+                    consumer.input[position] = tail
+                    self.consumers.setdefault(tail, []).append((consumer, position))
+                else:
+                    kept.append((consumer, position))
+            if kept:
+                self.consumers[head] = kept
+        elif moving:
+            for consumer, position in self.consumers.pop(head, []):
+                consumer.input[position] = tail
+                self.consumers.setdefault(tail, []).append((consumer, position))
         self._add_uses(node)
         slot = self.slot[head]
         self.inserted.setdefault(slot, []).append(node)
         self.slot[tail] = slot
-        self.graph_outputs = [tail if name == head else name for name in self.graph_outputs]
+        if not isinstance(moving, frozenset):
+            self.graph_outputs = [tail if name == head else name for name in self.graph_outputs]
         elem_type = self.index.elem_type(source)
         if elem_type:
             self.new_value_infos.append(build.tensor_value_info(tail, elem_type))
@@ -313,6 +334,7 @@ def shard_model(
     detected: list[AttentionLayer] | None = None,
     weights: bool = True,
     for_output: tuple[str, ...] | None = None,
+    for_readers: tuple[ReaderGather, ...] | None = None,
 ) -> ShardedModel:
     """The CP multi-device model of ``index`` for ``hints`` (pure: no files are touched).
 
@@ -322,7 +344,8 @@ def shard_model(
     ``weights=False``: a model to count, not to run or write (gen's plans): its initializers
     keep their names, types and dims, and their data only where shapes are computed from it.
     ``for_output``: the outputs gathered for the graph output alone (default: the extension's
-    ``gathered_for_output``), for a plan whose lengths are still to be found.
+    ``gathered_for_output``), for a plan whose lengths are still to be found; ``for_readers``
+    likewise, the K and V gathered for their readers beside the layers.
     """
     hints = validated(hints, hints_source)
     if hints.lengths is not None and hints.lengths.inlined:
@@ -380,6 +403,19 @@ def shard_model(
                         (f"{what.lower()}_seq_len_idx", "kv_rank"),
                     )
             q_is_gathered |= layer.gather_q or (layer.gather_kv and layer.q in (k, v))
+    readers = hints.lengths.for_readers if hints.lengths is not None else ()
+    if for_readers is not None:
+        readers = for_readers
+    _check_readers(index, readers, hints_source)
+    for position, gather in enumerate(readers):
+        rewriter.collective(
+            gather.name,
+            ALL_GATHER,
+            gather.seq_len_idx,
+            None,
+            f"gathered_for_readers[{position}]",
+            readers=frozenset(gather.nodes),
+        )
     if not q_is_gathered:
         for_output = _gathered_for_output(index, hints, hints_source, for_output)
         for position, tensor in enumerate(hints.outputs):
@@ -441,6 +477,23 @@ def _layer_gathers(
     yield layer.q, 0, None, layer.gather_q, "Q"
     yield k, hints.k_seq_len_idx, hints.kv_rank, layer.gather_kv, "K"
     yield v, hints.v_seq_len_idx, hints.kv_rank, layer.gather_kv, "V"
+
+
+def _check_readers(index: GraphIndex, readers: tuple[ReaderGather, ...], hints_source: str) -> None:
+    """Each tensor gathered for its readers is in the model, and each node named reads it."""
+    for position, gather in enumerate(readers):
+        where = f"{hints_source}: gathered_for_readers[{position}]"
+        if not index.has_tensor(gather.name):
+            raise HintsMismatchError(
+                f"{where}: tensor {gather.name!r} is not in the model {index.source}"
+            )
+        reading = {node.name for node in index.consumers_of(gather.name)}
+        for node in gather.nodes:
+            if node not in reading:
+                raise HintsMismatchError(
+                    f"{where}: node {node!r} does not read {gather.name!r} in the model "
+                    f"{index.source}"
+                )
 
 
 def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> None:

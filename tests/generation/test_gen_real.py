@@ -59,9 +59,12 @@ def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     assert "ts_vit_tiny" not in SHARDABLE  # 17 patches: the length is fixed by the image
     # Their causal masks' rows follow len(Q): read from Q (GPT-Neo), or from the scores; the
     # dynamo exporter's Bloom reshapes its scores by the mask's whole length; TorchScript's
-    # MPT slices its ALiBi bias by K's length before the gather.
+    # MPT slices its ALiBi bias by K's length before the gather; DeBERTa-v2 multiplies K by
+    # its relative position table before the gather.
     assert NO_EXACT_HINTS == [
         "dynamo_bloom_tiny",
+        "dynamo_deberta_v2_tiny",
+        "ts_deberta_v2_tiny",
         "ts_einsum_causal",
         "ts_gptneo_tiny",
         "ts_mpt_tiny",

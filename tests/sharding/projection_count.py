@@ -19,7 +19,8 @@ PICKS = frozenset(["Gather", "GatherND"])
 def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
     """The share of the projection and MLP FLOPs that run on slices in a multi-device model:
     each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, the same number
-    of tokens for each at one length; a MatMul by a matrix that a Gather or GatherND picks out
+    of tokens for each at one length (one whose data is computed from weights alone computes a
+    table, not tokens: it is left out); a MatMul by a matrix that a Gather or GatherND picks out
     of stacked expert weights [E, N, K] costs 2·N·K for each of a token's ``top_k`` experts. It
     runs on slices when its data input is computed from a reduce-scatter's output and no
     all-gather lies between them."""
@@ -31,8 +32,11 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
         if node.op_type in PICKS and len(weights.get(node.input[0], ())) == 3
     }
     sliced: set[str] = set()
+    from_inputs = {value.name for value in graph.input} - set(weights)
     on_slices = total = 0
     for node in graph.node:  # in a topological order, as the shard writes them
+        if node.op_type not in LENGTH_OPS and from_inputs.intersection(node.input):
+            from_inputs.update(node.output)
         if node.op_type == COLLECTIVE_OP:
             operation = next(
                 a.s.decode() for a in node.attribute if a.name == "collective_operation"
@@ -55,6 +59,8 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
             cost, data = 2 * rows * columns * top_k, node.input[1]
         else:
             continue
+        if data not in from_inputs:
+            continue  # computed from weights alone: a table (DeBERTa's positions'), no token's
         total += cost
         on_slices += cost if data in sliced else 0
     assert total, "no projection found"

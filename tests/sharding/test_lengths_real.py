@@ -41,6 +41,9 @@ SPLIT_BY_DEFAULT = [
     "dynamo_falcon_gqa_tiny",
     "ts_gptj_tiny",
     "dynamo_distilbert_tiny",
+    # Relative positions, and K gathered for its product with their table (test_kv_for_readers.py).
+    "ts_deberta_v2_tiny",
+    "dynamo_deberta_v2_tiny",
     "dynamo_pair_mask_encoder",
     "ts_sdpa_causal",
     "ts_qwen3_moe_tiny",
