@@ -16,7 +16,8 @@ length, after it a rank's.
 - What the hints scatter is computed whole: every length it is computed from is the whole one
   (the positions of TorchScript's rotary tables, read off a slice's Shape).
 - ``whole_length``: the Gathers that index data every rank holds whole by positions computed
-  from lengths (a padding mask gathered at the keys' positions) compute with the whole length.
+  from lengths (a padding mask gathered at the keys' positions), and the Slices of weights at
+  bounds computed from lengths (a position table's rows), compute with the whole length.
   Their length computations are copied, so that the nodes that need the other length keep the
   originals; what no node reads any more goes.
 - ``rank_length``: the Reshapes and Expands of slices whose target holds the whole length on
@@ -93,7 +94,8 @@ class _LengthGraph:
         self.query_axes = query_axes(index, shapes, layers)
         self.key_slices = key_slices(index, shapes, layers)
         self.data: set[str] = {info.name for info in sharded.model.graph.input}
-        self.data -= {init.name for init in sharded.model.graph.initializer}
+        self.weights = {init.name for init in sharded.model.graph.initializer}
+        self.data -= self.weights
         self.sliced: set[str] = set()
         for node in sharded.model.graph.node:
             if node.op_type in SHAPE_OPS:
@@ -179,6 +181,8 @@ class _LengthGraph:
             # (TorchScript's MPT slices its ALiBi bias by the length of K before the gather).
             return WHOLE
         if not any(name in self.data for name in reads):
+            if self._table_sliced_by_length(node):
+                return WHOLE
             return None
         if not sliced:
             # A node of the region that reads no slice (a mask's Expand over the queries,
@@ -187,6 +191,18 @@ class _LengthGraph:
                 return None
             return WHOLE
         return RANK if node.op_type in RESIZING_OPS else None
+
+    def _table_sliced_by_length(self, node: protos.NodeProto) -> bool:
+        """A weight sliced off the region at bounds that may hold a sequence's length (not
+        known to be numbers), computed whole on every rank: TorchScript's DeBERTa takes its
+        relative embeddings' rows by the length of its Q, read off a slice. nn.Transformer's
+        slices of its packed projection weight are at numbers."""
+        if node.op_type != "Slice" or node.input[0] not in self.weights or node.name in self.region:
+            return False
+        values = [self.shapes.value(name) for name in node.input[1:3] if name]
+        return any(
+            value is None or not all(isinstance(dim, int) for dim in value) for value in values
+        )
 
     def give(self, node: protos.NodeProto, length: str) -> bool:
         """Give ``node`` ``length``; whether any of its inputs changed."""

@@ -7,7 +7,8 @@ queries. Each rank needs them over every key: the extension gathers the K heads 
 as well, and the projections run on slices. In the TorchScript export each layer's K heads are
 ``Reshape_3`` ([batch * heads, sequence, head_dim]) and the product is ``MatMul_2``; in the
 dynamo export they are ``view_3`` and ``view_17``, read by ``node_bmm_2`` and ``node_bmm_6``
-(read off the graphs).
+(read off the graphs). DeBERTa (v1) does the same with the K it slices out of a packed
+projection.
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ EXPECTED = {
     "dynamo_deberta_v2_tiny": [
         {"name": "view_17", "seq_len_idx": 1, "nodes": ["node_bmm_6"]},
         {"name": "view_3", "seq_len_idx": 1, "nodes": ["node_bmm_2"]},
+    ],
+    # DeBERTa (v1) slices its K [batch, heads, sequence, head_dim] out of a packed in_proj.
+    "ts_deberta_tiny": [
+        {
+            "name": TS_LAYER.format(layer) + "Slice_1_output_0",
+            "seq_len_idx": 2,
+            "nodes": [TS_LAYER.format(layer) + "MatMul_2"],
+        }
+        for layer in (0, 1)
+    ],
+    "dynamo_deberta_tiny": [
+        {"name": "split_1_split_1", "seq_len_idx": 2, "nodes": ["node_matmul_6"]},
+        {"name": "split_split_1", "seq_len_idx": 2, "nodes": ["node_matmul_2"]},
     ],
 }
 
@@ -165,3 +179,18 @@ def test_diff_names_the_gathered_for_readers(tmp_path: Path) -> None:
     assert result.stdout.splitlines()[0].startswith(
         f"gathered_for_readers[name={TS_LAYER.format(1)}Reshape_3_output_0]: removed"
     )
+
+
+def test_the_position_table_is_sliced_with_the_whole_length(tmp_path: Path) -> None:
+    # TorchScript's trace of DeBERTa (v1) takes the attention span, the rows of the position
+    # table each layer reads, to be the length of Q: on a rank, a slice's. The extension gives
+    # that Slice the whole length; without it the split run differs.
+    extension = _extension("ts_deberta_tiny", tmp_path)
+    document = json.loads(extension.read_text())
+    assert document["whole_length"] == [TS_LAYER.format(layer) + "Slice_5" for layer in (0, 1)]
+    document["whole_length"] = []
+    bare = tmp_path / "bare.shardcheck.json"
+    bare.write_text(json.dumps(document))
+    result = run_cli("verify", REAL / "ts_deberta_tiny.onnx", bare, "--ranks", "2", "-q")
+    assert result.exit_code == 1
+    assert "SC201" in result.stdout

@@ -44,6 +44,8 @@ SPLIT_BY_DEFAULT = [
     # Relative positions, and K gathered for its product with their table (test_kv_for_readers.py).
     "ts_deberta_v2_tiny",
     "dynamo_deberta_v2_tiny",
+    "ts_deberta_tiny",
+    "dynamo_deberta_tiny",
     "dynamo_pair_mask_encoder",
     "ts_sdpa_causal",
     "ts_qwen3_moe_tiny",
