@@ -145,9 +145,18 @@ def count_with_shapes(
     class_of = node_classes(index, shapes, layers)
     for node in index.nodes:
         copy = found.copy_of.get(node.index)
-        if copy is None:  # computes lengths that the extension's copies compute instead
-            continue
-        one, on_rank = node_flops(found.on_one, copy), node_flops(found.on_rank, copy)
+        again = found.length_copies.get(node.index, ())
+        if copy is not None:
+            one, on_rank = node_flops(found.on_one, copy), node_flops(found.on_rank, copy)
+        elif again:
+            # Computed by the extension's copies alone, with the whole length (positions and
+            # masks, whole on every rank): on one device, as the first of them computes it.
+            one, on_rank = node_flops(found.on_one, again[0]), 0
+        else:
+            continue  # nothing reads it in the multi-device model: it is dropped
+        for extra in again:  # each copy runs on every rank, beside the original if it stays
+            flops = node_flops(found.on_rank, extra)
+            on_rank = None if flops is None or on_rank is None else on_rank + flops
         if one is None or on_rank is None:
             uncounted += 1
             uncounted_projections += class_of(node) == "projections"

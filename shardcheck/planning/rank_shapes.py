@@ -11,8 +11,9 @@ on a rank differ.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from shardcheck.analysis.detect import AttentionLayer, gathered_by_q
 from shardcheck.analysis.shapes import ExtraRule, ShapeInference
@@ -42,7 +43,10 @@ class RankShapes:
     on_one: ShapeInference
     # original node index -> its node in ``index`` (none for a node the extension drops)
     copy_of: dict[int, Node]
-    inserted: tuple[Node, ...]  # the collectives and Transposes shard inserted
+    inserted: tuple[Node, ...]  # the collectives and Transposes shard inserted, the lengths added
+    # original node index -> the copies of it that the extension computes with another
+    # length (sharding/lengths.py), whether or not the original stays
+    length_copies: dict[int, tuple[Node, ...]] = field(default_factory=dict)
 
 
 def native_equivalent(hints: ShardHints) -> ShardHints:
@@ -107,7 +111,26 @@ def rank_shapes(
         for node in index.nodes
         if node.outputs and node.outputs[0] in copy_by_output
     }
-    return RankShapes(sharded, sharded_index, on_rank, on_one, copy_of, inserted)
+    return RankShapes(
+        sharded, sharded_index, on_rank, on_one, copy_of, inserted, _length_copies(index, inserted)
+    )
+
+
+# How sharding/lengths.py names the copy of a node computed with another length.
+_LENGTH_COPY = re.compile(r"(.*)/(?:whole|rank)_length(?:_\d+)?")
+
+
+def _length_copies(index: GraphIndex, nodes: Iterable[Node]) -> dict[int, tuple[Node, ...]]:
+    """The extension's copies of original nodes computed with another length, by original
+    node index: named after the node, of its op."""
+    by_name = {node.name: node for node in index.nodes if node.name}
+    found: dict[int, list[Node]] = {}
+    for node in nodes:
+        matched = _LENGTH_COPY.fullmatch(node.name) if node.name else None
+        original = by_name.get(matched.group(1)) if matched else None
+        if original is not None and original.op_type == node.op_type:
+            found.setdefault(original.index, []).append(node)
+    return {at: tuple(copies) for at, copies in found.items()}
 
 
 def _make_concrete(model: protos.ModelProto, dims: Mapping[str, int]) -> None:

@@ -361,6 +361,26 @@ def test_the_extensions_plan_counts_each_node_as_itself() -> None:
     assert all(layer.q_local for layer in plan.layers)
 
 
+def test_what_the_extension_computes_with_the_whole_length_counts_whole() -> None:
+    """TorchScript's causal SDPA makes its mask [S, S] from the length of a slice: the
+    extension computes it with the whole length on every rank, by copies of the nodes that
+    make it, and scatters it. Those copies are the mask's whole work: its Trilu, Equal and
+    Where, one FLOP per element each (its Expand moves data only)."""
+    path = REAL / "ts_sdpa_causal.onnx"
+    index = load_index(path)
+    extension = generate(index, GenOptions()).extension
+    assert extension is not None
+    seq = 4096
+    plan = make_plan(index, extension.hints, seq_len=seq, ranks=N)
+    mask = 3 * seq * seq
+    # The rest of what runs whole is of scalars and short vectors: less than a row.
+    assert mask <= plan.classes["other"].whole < mask + seq
+    total = sum(flops.total for flops in plan.classes.values())
+    whole = sum(flops.whole for flops in plan.classes.values())
+    assert plan.flops_on_slices == pytest.approx(1 - whole / total, abs=1e-6)
+    assert plan.flops_on_slices < 1
+
+
 def test_a_scattered_tensor_of_unknown_length_names_where_its_shape_is_lost() -> None:
     # TorchScript's MobileBERT pads its trigram embeddings by pads computed at run time: no
     # length makes the scattered tensor's positions known, so the error names the Pad rather
