@@ -58,9 +58,10 @@ def warn_no_exact_cut(
         warnings,
         lengths_given=lengths_given,
     )
-    _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
     if lengths_given:
+        # The shard gives a Reshape of the scores the keys' whole length (sharding/lengths.py).
         return
+    _warn_key_lengths(index, shapes, mapper, layers, sources, tensors, warnings)
     lengths = [*cut_lengths, *_lengths_of_slices(index, layers, sources, region, gathered)]
     _warn_cut_lengths(index, shapes, layers, sources.ids, region, lengths, sequences, warnings)
 

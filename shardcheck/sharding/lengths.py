@@ -22,7 +22,8 @@ length, after it a rank's.
   originals; what no node reads any more goes.
 - ``rank_length``: the Reshapes and Expands of slices whose target holds the whole length on
   the slice's axis (as the shapes on a rank show) get that entry times a rank's length over the
-  whole one.
+  whole one; inside a layer, a Reshape whose keys' entry holds a rank's length gets it times
+  the whole length over a rank's.
 
 ``length_readers`` finds the nodes to name. Inside the attention layers the keys are whole and
 the queries sliced: a Reshape or Expand of the scores sized by the whole length along its
@@ -238,18 +239,20 @@ class _LengthGraph:
 
     def _scaling(
         self, on_rank: ShapeInference, name: str, inputs: Sequence[str], op_type: str
-    ) -> dict[int, str]:
+    ) -> dict[int, tuple[str, str]]:
         """The entries of a Reshape's or Expand's target to scale, with the symbol of the
-        length each holds: those that the shapes on a rank show to be a whole length where
-        the slice has a rank's; inside a layer, the entry of the queries' axis alone (its keys
-        are whole)."""
+        length each holds and the length it is to hold: RANK for those that the shapes on a
+        rank show to be a whole length where the slice has a rank's; inside a layer, the entry
+        of the queries' axis alone, and WHOLE for its last entry, the keys', where it holds a
+        rank's length (the keys are whole there: TorchScript's XGLM views its scores by the
+        length of K's reshape, before K is gathered)."""
         if len(inputs) < 2 or not inputs[1] or inputs[1] in self.data:
             return {}
         target = on_rank.value(inputs[1])
         data = on_rank.shape(inputs[0])
         if target is None or data is None:
             return {}
-        scaled: dict[int, str] = {}
+        scaled: dict[int, tuple[str, str]] = {}
         for symbol in self.references:
             local = symbol + ON_RANK
             if not any(mentions(dim, local) for dim in data):
@@ -261,29 +264,35 @@ class _LengthGraph:
                 axis = self.query_axes.get(name)
                 queries = None if axis is None else axis - (out_rank - len(target))
                 whole = [at for at in whole if at == queries]
+                keys = len(target) - 1
+                if op_type == "Reshape" and keys != queries and mentions(target[keys], local):
+                    scaled[keys] = (symbol, WHOLE)
             if op_type == "Expand":
                 offset = len(target) - len(data)
                 whole = [
                     at for at in whole if 0 <= at - offset and mentions(data[at - offset], local)
                 ]
-            elif len(whole) != 1:  # a Reshape: which entry is the slice's is not known
+            elif len(whole) > 1:  # a Reshape: which entry is the slice's is not known
                 continue
-            scaled.update(dict.fromkeys(whole, symbol))
+            scaled.update(dict.fromkeys(whole, (symbol, RANK)))
         return scaled
 
-    def _scaled(self, target: str, size: int, scaled: dict[int, str]) -> str:
-        """``target`` times (a rank's length over the whole one) at the entries of ``scaled``:
-        a Mul and a Div by vectors that hold 1 elsewhere, exact on integers."""
+    def _scaled(self, target: str, size: int, scaled: dict[int, tuple[str, str]]) -> str:
+        """``target`` times (the length each entry of ``scaled`` is to hold over the one it
+        holds: a rank's over the whole one, or back) at those entries: a Mul and a Div by
+        vectors that hold 1 elsewhere, exact on integers."""
         factors = []
-        for length in (RANK, WHOLE):
+        for to in (True, False):
             pieces = []
             for at in range(size):
-                symbol = scaled.get(at)
-                if symbol is None:
+                entry = scaled.get(at)
+                if entry is None:
                     pieces.append(self._constant([1]))
-                else:
-                    pieces.append(self._read(self.references[symbol], length))
-            vector = self._new(f"{target}/{length}_length_factor")
+                    continue
+                symbol, length = entry
+                held = length if to else (WHOLE if length == RANK else RANK)
+                pieces.append(self._read(self.references[symbol], held))
+            vector = self._new(f"{target}/{RANK if to else WHOLE}_length_factor")
             self.added.append(
                 build.make_node("Concat", pieces, [vector], name=self._new(vector), axis=0)
             )
@@ -343,8 +352,10 @@ class _LengthGraph:
         target = node.inputs[1]
         info = shapes.info[target]
         value = list(info.value or ())
-        for at, symbol in scaled.items():
-            value[at] = _on_rank_dim(value[at], symbol)
+        for at, (symbol, length) in scaled.items():
+            value[at] = (
+                _on_rank_dim(value[at], symbol) if length == RANK else _whole_dim(value[at], symbol)
+            )
         shapes.info[target] = TensorInfo(info.shape, tuple(value))
         try:
             return apply_rule(shapes, node)
@@ -620,6 +631,13 @@ def _on_rank_dim(dim: Dim, symbol: str) -> Dim:
     if not isinstance(dim, str):
         return dim
     return re.sub(rf"\b{re.escape(symbol)}\b", symbol + ON_RANK, dim)
+
+
+def _whole_dim(dim: Dim, symbol: str) -> Dim:
+    """``dim`` with a rank's length of ``symbol`` made the whole one."""
+    if not isinstance(dim, str):
+        return dim
+    return re.sub(rf"\b{re.escape(symbol + ON_RANK)}\b", symbol, dim)
 
 
 def _copied(node: protos.NodeProto) -> protos.NodeProto:

@@ -59,17 +59,20 @@ def test_the_shardable_set_is_what_the_fixtures_promise() -> None:
     assert "ts_vit_tiny" not in SHARDABLE  # 17 patches: the length is fixed by the image
     # Their causal masks' rows follow len(Q): read from Q (GPT-Neo), or from the scores; the
     # dynamo exporter's Bloom reshapes its scores by the mask's whole length; TorchScript's
-    # MPT slices its ALiBi bias by K's length before the gather; DeBERTa-v2 multiplies K by
-    # its relative position table before the gather.
+    # MPT slices its ALiBi bias by K's length before the gather; DeBERTa multiplies K by its
+    # relative position table before the gather; XGLM views its scores by K's length before
+    # the gather (TorchScript) or by the mask's whole length (dynamo).
     assert NO_EXACT_HINTS == [
         "dynamo_bloom_tiny",
         "dynamo_deberta_tiny",
         "dynamo_deberta_v2_tiny",
+        "dynamo_xglm_tiny",
         "ts_deberta_tiny",
         "ts_deberta_v2_tiny",
         "ts_einsum_causal",
         "ts_gptneo_tiny",
         "ts_mpt_tiny",
+        "ts_xglm_tiny",
     ]
     assert {"ts_einsum_attention", "dynamo_einsum_causal"} <= set(SHARDABLE)
     assert BAKED == ["ts_mha_seq_first", "ts_transformer_encoder", "ts_transformer_seq2seq"]
