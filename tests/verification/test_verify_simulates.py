@@ -34,6 +34,20 @@ def test_plain_verify_simulates_on_2_ranks_at_each_length() -> None:
     assert {run["ranks"] for run in report.runs if run.get("simulation")} == {2}
 
 
+def test_a_length_the_inputs_fix_is_simulated_once_and_said_so(tmp_path: Path) -> None:
+    # DeiT's 16 positions are its image's patches: --seq-lens 8,16 change nothing, so one
+    # simulation proves it, and the message names no length it did not run at.
+    model = REAL / "ts_deit_tiny.onnx"
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints, "-q").exit_code == 0
+    report = verify(model, hints)
+    assert report.ok, report.render_text()
+    runs = [run for run in report.runs if run.get("simulation")]
+    assert len(runs) == 1 and runs[0]["length_fixed"] is True
+    [message] = [f.message for f in report.findings if f.code == "SC202"]
+    assert message.startswith("2 simulated ranks at the length its inputs fix match")
+
+
 def test_plain_verify_fails_hints_whose_axes_fit_but_whose_split_run_differs(
     graph_cut_hints: Path,
 ) -> None:
