@@ -58,6 +58,7 @@ def explain(
     given = read_hints(hints) if hints is not None else None  # the cheaper read first
     index = load_index(model)
     extended = None
+    not_exact: list[str] | None = None
     if given is not None:
         found = given
         source = hints if given.lengths is None else f"{hints} (shardcheck's extension)"
@@ -66,6 +67,19 @@ def explain(
         generated = generate(index, GenOptions())
         extended = generated.extension
         found = generated.hints if extended is None else extended.hints
+        # The extension is written only where it leaves no more places without an exact cut,
+        # and the lengths it gives make those of the hints exact: what gen warns holds for
+        # the hints alone.
+        prefix = f"{index.source}: "
+        not_exact = (
+            []
+            if extended is not None
+            else [
+                warning.removeprefix(prefix)
+                for warning in generated.warnings
+                if getattr(warning, "code", None) == "SC308"
+            ]
+        )
         source = f"gen's default hints of {model}" + (
             "" if extended is None else ", with the extension gen writes beside them"
         )
@@ -77,8 +91,8 @@ def explain(
 
         atomic_write_text(output, render_html(plan))
     if output_format == "json":
-        click.echo(render_json(plan, plans_report(extended)), nl=False)
+        click.echo(render_json(plan, plans_report(extended), not_exact), nl=False)
     else:
         line = None if extended is None else shares_line(extended, None)
-        click.echo(render_text(plan, line), nl=False)
+        click.echo(render_text(plan, line, not_exact or ()), nl=False)
     return 0

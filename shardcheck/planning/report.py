@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention
@@ -105,19 +105,38 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def render_json(plan: Plan, plans: Mapping[str, Any] | None = None) -> str:
-    """explain's JSON: the ``plan``, and ``plans``, how much each of gen's plans splits
-    (generation/extension.py; null for hints given)."""
-    return json.dumps({"plan": plan_dict(plan), "plans": plans}, indent=2) + "\n"
+def render_json(
+    plan: Plan,
+    plans: Mapping[str, Any] | None = None,
+    not_exact: Sequence[str] | None = None,
+) -> str:
+    """explain's JSON: the ``plan``; ``plans``, how much each of gen's plans splits
+    (generation/extension.py; null for hints given); ``not_exact``, where gen's plan has no
+    exact cut, as gen warns (SC308; null for hints given, which nothing checked)."""
+    document = {
+        "plan": plan_dict(plan),
+        "plans": plans,
+        "not_exact": None if not_exact is None else list(not_exact),
+    }
+    return json.dumps(document, indent=2) + "\n"
 
 
-def render_text(plan: Plan, plans_line: str | None = None) -> str:
+def render_text(plan: Plan, plans_line: str | None = None, not_exact: Sequence[str] = ()) -> str:
     """explain's text; ``plans_line``: how much each of gen's plans splits, after the
-    hints' line."""
+    hints' line; ``not_exact``: where gen's plan has no exact cut (its SC308 warnings)."""
+    exactness = (
+        [
+            f"not exact: {counted(len(not_exact), 'place')} without an exact cut, first: "
+            f"{not_exact[0]}; verify's simulation shows whether the split run differs"
+        ]
+        if not_exact
+        else []
+    )
     lines = [
         summary_line(plan),
         f"hints: {plan.hints}",
         *([f"plans: {plans_line}"] if plans_line else []),
+        *exactness,
         "",
         "FLOPs (single device)      on slices        whole  share",
     ]

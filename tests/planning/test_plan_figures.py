@@ -408,3 +408,23 @@ def test_a_scattered_tensor_of_unknown_length_names_where_its_shape_is_lost() ->
         assert "'padded' has an unknown number of positions on axis 1" in message
         assert "not inferred past Pad pad_by_input" in message
         assert "pick a length" not in message
+
+
+def test_explain_says_where_gens_plan_has_no_exact_cut(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The layer's output is a graph output gathered there, and also read by the residual Add
+    # on the rank's slice: gen warns SC308, and verify's simulation does differ.
+    model = FIXTURES / "attention_output_chain.onnx"
+    result = run_cli("explain", model)
+    assert result.exit_code == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("not exact:")]
+    assert line.startswith("not exact: 1 place without an exact cut, first: attn_out is gathered")
+    document = json.loads(run_cli("explain", model, "--format", "json").stdout)
+    assert len(document["not_exact"]) == 1 and "attn_out" in document["not_exact"][0]
+    hints = tmp_path / "h.json"
+    assert run_cli("gen", model, "-o", hints, "-q").exit_code == 0
+    assert run_cli("verify", model, hints, "-q").exit_code == 1
+    # Hints given are not checked: nothing is said of them.
+    given = json.loads(run_cli("explain", model, hints, "--format", "json").stdout)
+    assert given["not_exact"] is None
+    exact = json.loads(run_cli("explain", REAL / "ts_gpt2_tiny.onnx", "--format", "json").stdout)
+    assert exact["not_exact"] == []
