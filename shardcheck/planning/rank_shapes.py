@@ -11,7 +11,6 @@ on a rank differ.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -22,6 +21,7 @@ from shardcheck.analysis.tensor_info import UNKNOWN, TensorInfo
 from shardcheck.graph import protos
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.hints.model import AttentionLayerHint, ShardHints
+from shardcheck.sharding.lengths import copied_node
 from shardcheck.sharding.rewrite import (
     ALL_GATHER,
     COLLECTIVE_OP,
@@ -116,18 +116,14 @@ def rank_shapes(
     )
 
 
-# How sharding/lengths.py names the copy of a node computed with another length.
-_LENGTH_COPY = re.compile(r"(.*)/(?:whole|rank)_length(?:_\d+)?")
-
-
 def _length_copies(index: GraphIndex, nodes: Iterable[Node]) -> dict[int, tuple[Node, ...]]:
     """The extension's copies of original nodes computed with another length, by original
     node index: named after the node, of its op."""
     by_name = {node.name: node for node in index.nodes if node.name}
     found: dict[int, list[Node]] = {}
     for node in nodes:
-        matched = _LENGTH_COPY.fullmatch(node.name) if node.name else None
-        original = by_name.get(matched.group(1)) if matched else None
+        copied = copied_node(node.name) if node.name else None
+        original = by_name.get(copied) if copied is not None else None
         if original is not None and original.op_type == node.op_type:
             found.setdefault(original.index, []).append(node)
     return {at: tuple(copies) for at, copies in found.items()}

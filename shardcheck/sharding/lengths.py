@@ -397,7 +397,7 @@ class _LengthGraph:
                 copy.input.extend(inputs)
                 del copy.output[:]
                 copy.output.extend(self._new(f"{out}/{length}_length") for out in producer.output)
-                copy.name = self._new(f"{producer.name}/{length}_length")
+                copy.name = self._new(copy_name(producer.name, length))
                 self.added.append(copy)
                 for out, new in zip(producer.output, copy.output, strict=True):
                     self._copies[(out, length)] = new
@@ -631,6 +631,22 @@ def _on_rank_dim(dim: Dim, symbol: str) -> Dim:
     if not isinstance(dim, str):
         return dim
     return re.sub(rf"\b{re.escape(symbol)}\b", symbol + ON_RANK, dim)
+
+
+def copy_name(node: str, length: str) -> str:
+    """The name of the copy of ``node`` computed with ``length`` (a number follows it where
+    the name is taken)."""
+    return f"{node}/{length}_length"
+
+
+_COPY_NAME = re.compile(rf"(.*)/(?:{WHOLE}|{RANK})_length(?:_\d+)?")
+
+
+def copied_node(name: str) -> str | None:
+    """The name of the node that the node named ``name`` may be a copy of (``copy_name``):
+    None where it is named as no copy is."""
+    matched = _COPY_NAME.fullmatch(name)
+    return matched.group(1) if matched else None
 
 
 def _whole_dim(dim: Dim, symbol: str) -> Dim:
