@@ -9,6 +9,7 @@ from shardcheck.errors import InputError
 from shardcheck.fsio import atomic_write_text, same_file
 from shardcheck.generation.extension import plans_report, shares_line
 from shardcheck.generation.generate import generate
+from shardcheck.generation.messages import code_of
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.loader import load_index
 from shardcheck.hints.files import read_hints
@@ -77,7 +78,7 @@ def explain(
             else [
                 warning.removeprefix(prefix)
                 for warning in generated.warnings
-                if getattr(warning, "code", None) == "SC308"
+                if code_of(warning) == "SC308"
             ]
         )
         source = f"gen's default hints of {model}" + (

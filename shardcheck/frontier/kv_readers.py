@@ -11,6 +11,7 @@ does, and the projections keep running on slices.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.frontier.region import Region
@@ -52,7 +53,7 @@ def gathered_for_readers(
     index: GraphIndex,
     ids: TensorIds,
     region: Region,
-    chains: set[str],
+    chains: AbstractSet[str],
     sliced: SlicedTest,
     read: list[int],
 ) -> tuple[list[int], KvGathers]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex
-from shardcheck.hints.model import ShardTensor
+from shardcheck.hints.model import ReaderGather, ShardTensor
 
 
 @dataclass
@@ -24,8 +24,8 @@ class Frontier:
     # the slices), in the order of ``outputs``.
     for_output: tuple[str, ...] = ()
     # The extension's K and V tensors gathered for the nodes that read them beside their
-    # layer (frontier/kv_readers.py): (tensor, axis, reader nodes), by name.
-    kv_for_readers: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
+    # layer (frontier/kv_readers.py), by name.
+    kv_for_readers: tuple[ReaderGather, ...] = ()
 
 
 class GraphOrder:

@@ -16,8 +16,6 @@ tensor once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
@@ -30,9 +28,9 @@ from shardcheck.frontier.exposed import (
     passed_through,
 )
 from shardcheck.frontier.gathers import WholeReads, gathered_kv, walk_forward
-from shardcheck.frontier.kv_readers import KvGathers, gathered_for_readers, kv_chains
+from shardcheck.frontier.kv_readers import KvGathers, kv_chains
 from shardcheck.frontier.masks import layer_seeds, whole_sized_masks
-from shardcheck.frontier.region import BackWalk, Region
+from shardcheck.frontier.region import BackWalk
 from shardcheck.frontier.result import Frontier, GraphOrder, in_graph_order
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources
@@ -46,6 +44,7 @@ from shardcheck.frontier.whole import (
 )
 from shardcheck.graph.index import GraphIndex
 from shardcheck.graph.ops import SHAPE_OPS
+from shardcheck.hints.model import ReaderGather
 
 # A cap on the rounds of find_frontier (cuts moving forward) and of _gathered (nodes forced to
 # take a gathered tensor), so that no graph loops them.
@@ -114,22 +113,8 @@ def find_frontier(
     sources = ShapeSources(index, ids, derived, shapes)
     back = BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
     # The extension gathers K and V for the nodes that read them beside their layer.
-    kv_gathers: KvGathers = {}
     chains = kv_chains(index, derived, layers) if lengths_by_reader else set()
-
-    def gather_kv_for_readers(
-        walked: Region,
-    ) -> Callable[[SlicedTest, list[int]], list[int]] | None:
-        if not chains:
-            return None
-
-        def gathered(sliced: SlicedTest, read: list[int]) -> list[int]:
-            rest, found = gathered_for_readers(index, ids, walked, chains, sliced, read)
-            kv_gathers.update(found)
-            return rest
-
-        return gathered
-
+    kv_gathers: KvGathers = {}
     # The rounds find the cuts; the gathers follow from them. A length read after the gathers
     # from a tensor ranks hold slices of makes that tensor whole, and the rounds run again; in
     # the extension too, whose shard gives the whole length only to the Gathers indexing
@@ -150,8 +135,8 @@ def find_frontier(
             )
             if not lengths_by_reader:
                 needed |= sized_whole(index, mapper, sources, walked)
-            kv_gathers.clear()
-            needed |= sliced_beside(ids, walked, gather_kv_for_readers(walked))
+            beside, kv_gathers = sliced_beside(index, ids, walked, chains)
+            needed |= beside
             if given_out is None:
                 needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
             needed |= exposed.read_beside(index, layers, walked)
@@ -197,7 +182,7 @@ def find_frontier(
     )
     result.region_nodes = frozenset(walked.nodes)
     result.kv_for_readers = tuple(
-        (name, axis, readers) for name, (axis, readers) in sorted(kv_gathers.items())
+        ReaderGather(name, axis, readers) for name, (axis, readers) in sorted(kv_gathers.items())
     )
     gathered.update((name, axis) for name, axis in exposed.points.items() if name not in cut)
     for_output: set[str] = set()

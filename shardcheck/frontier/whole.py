@@ -9,11 +9,12 @@ what is read beside the walk along another axis or by an op mixing positions.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions
+from shardcheck.frontier.kv_readers import KvGathers, gathered_for_readers
 from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources, shape_like_ancestors
@@ -134,23 +135,26 @@ def sized_whole(
 
 
 def sliced_beside(
+    index: GraphIndex,
     ids: TensorIds,
     region: Region,
-    gathered: Callable[[SlicedTest, list[int]], list[int]] | None = None,
-) -> set[str]:
+    chains: AbstractSet[str] = frozenset(),
+) -> tuple[set[str], KvGathers]:
     """What the region's nodes read broadcast along the axis walked, that a rank would hold a
     slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
     turned over the queries, [batch, 1, queries, 1]): sliced along another axis of the node's
     output, it would cut that axis too. It must be whole, and so the region tensors it is
-    computed from; but those that ``gathered`` leaves out of what it returns (the extension
-    gathers them for their readers: kv_readers.py)."""
+    computed from; but where it is computed from the region through the layers' K and V
+    chains (``chains``, the extension's), those are gathered for its readers instead
+    (kv_readers.py): the second of the two returned."""
     if not region.read_beside:
-        return set()
+        return set(), {}
     sliced = SlicedTest(ids, region.cut_ids)
     read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
-    if gathered is not None and read:
-        read = gathered(sliced, read)
-    return _region_ancestors(ids, read, region.in_region) if read else set()
+    gathers: KvGathers = {}
+    if chains and read:
+        read, gathers = gathered_for_readers(index, ids, region, chains, sliced, read)
+    return (_region_ancestors(ids, read, region.in_region) if read else set()), gathers
 
 
 def read_by_mixing(

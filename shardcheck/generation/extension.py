@@ -21,7 +21,7 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError, ShardcheckError
 from shardcheck.frontier.search import find_frontier
 from shardcheck.graph.index import GraphIndex
-from shardcheck.hints.model import ReaderGather, ShardHints
+from shardcheck.hints.model import ShardHints
 
 if TYPE_CHECKING:
     from shardcheck.planning.flop_count import FlopCount
@@ -95,9 +95,7 @@ def extended_plan(
         return None
     cut = hints.with_changes(inputs=tuple(frontier.inputs), outputs=tuple(frontier.outputs))
     for_output = frontier.for_output
-    for_readers = tuple(
-        ReaderGather(name, axis, readers) for name, axis, readers in frontier.kv_for_readers
-    )
+    for_readers = frontier.kv_for_readers
     if cut == hints and not traced and not exacter:
         return None
     # Imported only here: where the cut is the same, gen needs none of the sharding or the

@@ -186,20 +186,16 @@ class _Rewriter:
             node.attribute.extend(collective_attributes(self.hints.dist_collectives, operation))
         else:
             node = build.make_node("Transpose", [head], [tail], name=node_name, perm=perm)
-        if isinstance(moving, frozenset):
+        if moving is not False:
             kept = []
             for consumer, position in self.consumers.pop(head, []):
-                if consumer.name in moving:
+                if moving is True or consumer.name in moving:
                     consumer.input[position] = tail
                     self.consumers.setdefault(tail, []).append((consumer, position))
                 else:
                     kept.append((consumer, position))
             if kept:
                 self.consumers[head] = kept
-        elif moving:
-            for consumer, position in self.consumers.pop(head, []):
-                consumer.input[position] = tail
-                self.consumers.setdefault(tail, []).append((consumer, position))
         self._add_uses(node)
         slot = self.slot[head]
         self.inserted.setdefault(slot, []).append(node)
