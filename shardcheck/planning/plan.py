@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from shardcheck.analysis.detect import AttentionLayer, detect_attention, sequence_dims
@@ -75,7 +75,7 @@ def make_plan(
     sliced = count.sliced_nodes
     types = _elem_types(found)
     on_rank_size = tensor_bytes(found.on_rank, types)
-    on_one_size = tensor_bytes(found.on_one, types)
+    on_one_size = _as_computed(index, found, tensor_bytes(found.on_one, types))
     peak_one, _ = peak_bytes(index, index.nodes, on_one_size)
     peak_rank, _ = peak_bytes(found.index, found.index.nodes, on_rank_size)
     moved = collectives(found, layers, ranks, on_rank_size)
@@ -105,6 +105,24 @@ def make_plan(
         layers=tuple(_layer_plans(index, layers, moved, sliced, class_of, found)),
         blockers=tuple(blockers),
     )
+
+
+def _as_computed(
+    index: GraphIndex, found: RankShapes, size: Callable[[str], int | None]
+) -> Callable[[str], int | None]:
+    """``size`` (of the multi-device model's tensors) asked of the model's own: a tensor that
+    only the extension's copies compute there (the original dropped) is the size of the first
+    copy's, as the FLOPs count it, so that one device's peak is the same whatever the plan."""
+    computed_as = {
+        output: again[0].outputs[position]
+        for at, again in found.length_copies.items()
+        if at not in found.copy_of
+        for position, output in enumerate(index.nodes[at].outputs)
+        if output and position < len(again[0].outputs)
+    }
+    if not computed_as:
+        return size
+    return lambda tensor: size(computed_as.get(tensor, tensor))
 
 
 def _elem_types(found: RankShapes) -> dict[str, int]:
