@@ -44,6 +44,16 @@ def run_cli(*args: str) -> Result:
     return cli_runner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
+def gen_plan(model: Path, directory: Path) -> tuple[Path, Path | None]:
+    """gen's default plan of ``model``, written into ``directory``: the hints, and the
+    extension beside them (None where gen writes none)."""
+    hints = directory / f"{model.stem}.json"
+    result = run_cli("gen", model, "-o", hints, "-q")
+    assert result.exit_code == 0, result.stderr
+    extension = directory / f"{model.stem}.shardcheck.json"
+    return hints, extension if extension.exists() else None
+
+
 def run_script(script: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
     """``python -c script ARGS`` from the repository (a CLI run with something patched in, in
     a process of its own: a crash there, SIGBUS, cannot take pytest down); output as text."""

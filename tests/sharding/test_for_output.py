@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, gen_plan, run_cli
 
 REAL = FIXTURES / "real"
 # What each export gives out that its layers read on: read off the PyTorch definitions by hand.
@@ -44,11 +44,8 @@ AXES = {
 
 def gen_both(name: str, tmp_path: Path) -> tuple[Path, Path]:
     """gen's hints of ``name`` and the extension beside them."""
-    hints = tmp_path / f"{name}.json"
-    result = run_cli("gen", REAL / f"{name}.onnx", "-o", hints, "-q")
-    assert result.exit_code == 0, result.stderr
-    extension = tmp_path / f"{name}.shardcheck.json"
-    assert extension.exists()
+    hints, extension = gen_plan(REAL / f"{name}.onnx", tmp_path)
+    assert extension is not None
     return hints, extension
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, gen_plan, run_cli
 
 from shardcheck import load_index
 from shardcheck.hints.files import read_hints
@@ -56,10 +56,8 @@ EXPECTED = {
 
 
 def _extension(name: str, tmp_path: Path) -> Path:
-    result = run_cli("gen", REAL / f"{name}.onnx", "-o", tmp_path / "h.json", "-q")
-    assert result.exit_code == 0, result.stderr
-    extension = tmp_path / "h.shardcheck.json"
-    assert extension.exists()
+    _, extension = gen_plan(REAL / f"{name}.onnx", tmp_path)
+    assert extension is not None
     return extension
 
 

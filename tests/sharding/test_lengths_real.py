@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, assert_verified_at_two_and_four_ranks, run_cli
+from conftest import FIXTURES, assert_verified_at_two_and_four_ranks, gen_plan, run_cli
 from projection_count import projection_share_on_slices
 
 from shardcheck import load_index
@@ -85,11 +85,7 @@ PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny", "ts_qwen3_m
 
 def default_plan(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
     """gen's hints of ``name`` and the extension written beside them (None when none)."""
-    hints = tmp_path / f"{name}.json"
-    result = run_cli("gen", REAL / f"{name}.onnx", "-o", hints, "-q")
-    assert result.exit_code == 0, result.stderr
-    extension = tmp_path / f"{name}.shardcheck.json"
-    return hints, extension if extension.exists() else None
+    return gen_plan(REAL / f"{name}.onnx", tmp_path)
 
 
 @pytest.mark.parametrize("name", SPLIT_BY_DEFAULT)
