@@ -1,9 +1,9 @@
 """The backward walk of a round: the region CP shards, walked back from the seeds.
 
 From Q, K, V and the query side of the masks, back through position-wise ops, to where the
-walk stops: a graph input, a tensor computed from shapes and constants alone, a tensor that
-must be whole, or an op that mixes positions. Those stops are the cuts (the tensors to
-scatter).
+walk stops: a graph input, a tensor computed from shapes and constants alone (in the
+extension's walk, past an Expand that broadcasts such a table), a tensor that must be whole, or
+an op that mixes positions. Those stops are the cuts (the tensors to scatter).
 """
 
 from __future__ import annotations
@@ -33,11 +33,14 @@ class BackWalk:
         ids: TensorIds,
         derived: bytearray,
         layer_outputs: dict[str, AttentionLayer],
+        *,
+        through_broadcasts: bool = False,
     ) -> None:
         self.index = index
         self.mapper = mapper
         self.ids = ids
         self.derived = derived  # flags by tensor id
+        self.through_broadcasts = through_broadcasts
         self.layer_outputs = {ids.id[name]: layer for name, layer in layer_outputs.items()}
         self.mapped: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
         # What the node reads beside the mapped inputs (broadcast along the axis walked),
@@ -72,7 +75,11 @@ class BackWalk:
                 region_nodes.update(layer.internal)
                 continue
             producer_index = producers[tensor]
-            if producer_index < 0 or not derived[tensor] or whole_flags[tensor]:
+            if (
+                producer_index < 0
+                or whole_flags[tensor]
+                or (not derived[tensor] and not self._broadcasts_a_table(producer_index, axis))
+            ):
                 cut[tensor] = axis
                 continue
             key = (producer_index, axis)
@@ -114,6 +121,26 @@ class BackWalk:
             list(cut),
             read_beside,
         )
+
+    def _broadcasts_a_table(self, producer: int, axis: int) -> bool:
+        """Whether the walk goes on through ``producer``, which computes a tensor from shapes
+        and constants alone: where asked (the extension's walk), an Expand of a table that
+        holds ``axis`` already (not broadcast along it). Scattering the table instead of what
+        the Expand makes of it sends less, by the factor the Expand broadcasts by (DeBERTa
+        expands its relative positions [1, 1, S, S] over batch and heads), and the Expand runs
+        on the slice, given its lengths by the extension's shard. A table of size 1 on the axis
+        has no slices: GPT-OSS expands its sinks [1, heads, 1, 1] along the queries."""
+        if not self.through_broadcasts:
+            return False
+        node = self.index.nodes[producer]
+        if node.op_type != "Expand":
+            return False
+        mapped = self.mapper.input_axes(node, axis)
+        if not mapped:
+            return False
+        name, at = mapped[0]
+        shape = self.mapper.shapes.shape(name)
+        return name == node.inputs[0] and shape is not None and at < len(shape) and shape[at] != 1
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,14 @@ def find_frontier(
     # What the layers compute inside (their scores): sliced along the queries.
     layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
     sources = ShapeSources(index, ids, derived, shapes)
-    back = BackWalk(index, mapper, ids, sources.derived_flags, layer_outputs)
+    back = BackWalk(
+        index,
+        mapper,
+        ids,
+        sources.derived_flags,
+        layer_outputs,
+        through_broadcasts=lengths_by_reader,
+    )
     # The extension gathers K and V for the nodes that read them beside their layer.
     chains = kv_chains(index, derived, layers) if lengths_by_reader else set()
     kv_gathers: KvGathers = {}

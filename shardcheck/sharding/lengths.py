@@ -23,7 +23,8 @@ length, after it a rank's.
 - ``rank_length``: the Reshapes and Expands of slices whose target holds the whole length on
   the slice's axis (as the shapes on a rank show) get that entry times a rank's length over the
   whole one; inside a layer, a Reshape whose keys' entry holds a rank's length gets it times
-  the whole length over a rank's.
+  the whole length over a rank's, and so does an Expand's entry where its data holds the whole
+  length (a table of lengths scattered before its broadcast).
 
 ``length_readers`` finds the nodes to name. Inside the attention layers the keys are whole and
 the queries sliced: a Reshape or Expand of the scores sized by the whole length along its
@@ -162,13 +163,18 @@ class _LengthGraph:
         reads data but no slice (it computes a whole tensor), for a Slice of a table along the
         keys that a layer's scores read, and for a reduce-scatter (what it scatters is
         computed whole); RANK for a Reshape or Expand of a slice, inside a layer of its scores
-        along their queries. None for the others: the nodes computing lengths (part of what
-        is given), the rest of the layers' insides, and the nodes whose lengths are as the
-        shard gives them."""
+        along their queries, and for an Expand of a scattered table of lengths. None for the
+        others: the nodes computing lengths (part of what is given), the rest of the layers'
+        insides, and the nodes whose lengths are as the shard gives them."""
         if node.op_type in SHAPE_OPS:
             return None
         reads = [name for name in node.input if name]
         sliced = any(name in self.sliced for name in reads)
+        if sliced and node.op_type == "Expand" and not any(name in self.data for name in reads):
+            # A table computed from lengths, scattered before its broadcast (DeBERTa's
+            # relative positions over batch and heads), in a layer or not: its target holds
+            # the lengths of the slice's axes.
+            return RANK
         if node.name in self.inside:
             # Inside a layer the queries are sliced and the keys whole: a Reshape of the
             # scores sized by a whole length along its queries needs a rank's there (the
@@ -245,7 +251,8 @@ class _LengthGraph:
         rank show to be a whole length where the slice has a rank's; inside a layer, the entry
         of the queries' axis alone, and WHOLE for its last entry, the keys', where it holds a
         rank's length (the keys are whole there: TorchScript's XGLM views its scores by the
-        length of K's reshape, before K is gathered)."""
+        length of K's reshape, before K is gathered); for an Expand, WHOLE for an entry that
+        holds a rank's length where its data holds the whole one."""
         if len(inputs) < 2 or not inputs[1] or inputs[1] in self.data:
             return {}
         target = on_rank.value(inputs[1])
@@ -272,6 +279,18 @@ class _LengthGraph:
                 whole = [
                     at for at in whole if 0 <= at - offset and mentions(data[at - offset], local)
                 ]
+                # An entry holding a rank's length where the data holds the whole one cannot
+                # expand it: TorchScript reads DeBERTa's keys' entry off the Shape of the
+                # positions, which the shard computes from a slice's length.
+                for at, dim in enumerate(target):
+                    held = data[at - offset] if at >= offset else None
+                    if (
+                        at not in scaled
+                        and mentions(dim, local)
+                        and mentions(held, symbol)
+                        and not mentions(held, local)
+                    ):
+                        scaled[at] = (symbol, WHOLE)
             elif len(whole) > 1:  # a Reshape: which entry is the slice's is not known
                 continue
             scaled.update(dict.fromkeys(whole, (symbol, RANK)))
@@ -666,10 +685,14 @@ def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] 
     shape = shapes.input_info(node, 0).shape
     if not shape:
         return [UNKNOWN]
-    first = shape[0]
     operation = node.attr("collective_operation", "")
     if isinstance(operation, bytes):
         operation = operation.decode()
+    if operation == REDUCE_SCATTER:
+        # What a reduce-scatter scatters is computed with the whole length (``_give``), even
+        # where the model as sharded sizes it by a slice (DeBERTa's relative positions).
+        shape = tuple(dim.replace(ON_RANK, "") if isinstance(dim, str) else dim for dim in shape)
+    first = shape[0]
     if operation == REDUCE_SCATTER:
         first = first + ON_RANK if isinstance(first, str) and is_name(first) else None
     elif operation == ALL_GATHER:
