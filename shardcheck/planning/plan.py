@@ -78,7 +78,8 @@ def make_plan(
     on_one_size = _as_computed(index, found, tensor_bytes(found.on_one, types))
     peak_one, _ = peak_bytes(index, index.nodes, on_one_size)
     peak_rank, _ = peak_bytes(found.index, found.index.nodes, on_rank_size)
-    moved = collectives(found, layers, ranks, on_rank_size)
+    for_readers = {gather.name for gather in hints.lengths.for_readers} if hints.lengths else ()
+    moved = collectives(found, layers, ranks, on_rank_size, for_readers)
     whole_projections = [
         node for node in index.nodes if class_of(node) == "projections" and node.index not in sliced
     ]

@@ -3,13 +3,15 @@
 Counted as NCCL's ring algorithms move them: an all-gather of a tensor of T bytes (gathered)
 sends each rank the N-1 slices it lacks, (N-1)/N·T; a reduce-scatter of T bytes (before the
 split) sends each rank N-1 partial slices, (N-1)/N·T. Each collective belongs to a layer: a K,
-V or Q gather to its own, a scatter to the first layer after it in the graph (the embeddings'
-scatter to the first layer); a gather after the last layer to none.
+V or Q gather to its own, a scatter to the first layer whose output follows it in the graph
+(the embeddings' scatter to the first layer; DeBERTa's relative positions, scattered after a
+layer's score MatMul, to that layer), another gather to the first layer after it; a gather
+after the last layer to none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from shardcheck.analysis.detect import AttentionLayer
@@ -24,7 +26,8 @@ class Collective:
     operation: str  # "reduce_scatter" or "all_gather"
     tensor: str  # the tensor of the original model it scatters or gathers
     axis: int
-    role: str  # "scatter", "gather K", "gather V", "gather Q" or "gather output"
+    # "scatter", "gather K", "gather V", "gather Q", "gather for readers" or "gather output"
+    role: str
     layer: int | None  # the layer (by position) it belongs to
     bytes_received: int | None
 
@@ -34,9 +37,11 @@ def collectives(
     layers: Sequence[AttentionLayer],
     ranks: int,
     size: Callable[[str], int | None],
+    for_readers: Collection[str] = (),
 ) -> list[Collective]:
     """Every collective of the multi-device model, in graph order (``size``: the bytes of a
-    tensor of the multi-device model on one rank)."""
+    tensor of the multi-device model on one rank; ``for_readers``: the tensors the extension
+    gathers for the nodes that read them beside their layer)."""
     by_node = {tail.collective_node: tail for tail in shapes.sharded.tails.values()}
     roles: dict[str, tuple[str, int]] = {}
     for position, layer in enumerate(layers):
@@ -45,6 +50,9 @@ def collectives(
         roles.setdefault(layer.q, ("gather Q", position))
     # The position in the multi-device graph of each layer's first node.
     starts = [shapes.copy_of[min(layer.internal)].index for layer in layers if layer.internal]
+    # And of each layer's output.
+    producer = shapes.index.producer
+    ends = [producer.get(layer.output, len(shapes.index.nodes)) for layer in layers]
     found = []
     for node in shapes.index.nodes:
         if node.op_type != COLLECTIVE_OP or node.name not in by_node:
@@ -52,16 +60,18 @@ def collectives(
         tail = by_node[node.name]
         if tail.operation == ALL_GATHER:
             full = size(node.outputs[0])
-            role, layer = roles.get(tail.source, ("gather output", None))
-            if role == "gather output":
+            other = "gather for readers" if tail.source in for_readers else "gather output"
+            role, layer = roles.get(tail.source, (other, None))
+            if role == other:
                 layer = _next_layer(starts, node.index)
         else:
             full = size(node.inputs[0])
-            role, layer = "scatter", _next_layer(starts, node.index)
+            role, layer = "scatter", _next_layer(ends, node.index)
         received = None if full is None else full * (ranks - 1) // ranks
         found.append(Collective(tail.operation, tail.source, tail.axis, role, layer, received))
     return found
 
 
-def _next_layer(starts: Sequence[int], at: int) -> int | None:
-    return next((position for position, start in enumerate(starts) if start > at), None)
+def _next_layer(positions: Sequence[int], at: int) -> int | None:
+    """The first layer whose node at ``positions`` follows ``at`` in the graph."""
+    return next((layer for layer, position in enumerate(positions) if position > at), None)

@@ -83,3 +83,19 @@ def test_each_rank_holds_less_than_one_device(name: str, tmp_path: Path) -> None
     plan = _plan(REAL / f"{name}.onnx", extension, "--seq-len", 1024, "--ranks", RANKS)
     memory = plan["activation_memory"]
     assert memory["peak_bytes_per_rank"] < 0.75 * memory["peak_bytes_one_device"]
+
+
+def test_each_layers_tables_and_reader_gathers_are_its_own_traffic(tmp_path: Path) -> None:
+    # TorchScript's DeBERTa computes each layer's tables after its score MatMul, and gathers
+    # its K (Slice_1, sliced out of the packed projection) for the position-to-content product
+    # MatMul_2 beside the layer (test_kv_for_readers.py): both are that layer's traffic.
+    extension = _extension("ts_deberta_tiny", tmp_path)
+    plan = _plan(REAL / "ts_deberta_tiny.onnx", extension, "--seq-len", S, "--ranks", RANKS)
+    scatters = {c["tensor"]: c["layer"] for c in plan["collectives"] if c["role"] == "scatter"}
+    for layer in (0, 1):
+        for clip in ("Clip_output_0", "Clip_1_output_0"):
+            assert scatters[TS_LAYER.format(layer) + clip] == layer
+    readers = [
+        (c["tensor"], c["layer"]) for c in plan["collectives"] if c["role"] == "gather for readers"
+    ]
+    assert readers == [(TS_LAYER.format(layer) + "Slice_1_output_0", layer) for layer in (0, 1)]
