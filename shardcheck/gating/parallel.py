@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -20,6 +22,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from shardcheck.gating.gate import ModelResult, check_isolated
 from shardcheck.gating.manifest import ModelEntry
 from shardcheck.generation.options import DEFAULT_SEQ_LENS
+
+# prctl's option that asks for a signal when the parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+# A worker's parent when it started (_follow_parent), and whether it runs a task.
+_parent = 0
+_in_task = False
 
 
 def default_jobs() -> int:
@@ -47,16 +55,16 @@ def check_models(
     done: dict[int, ModelResult] = {}
     running: dict[Future[ModelResult], int] = {}
     submitted = shown = 0
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_follow_parent
+    ) as pool:
         while shown < len(entries):
             while submitted < len(entries) and len(running) < jobs:
                 in_use = sum(needs[i] for i in running.values())
                 fits = budget is None or in_use + needs[submitted] <= budget
                 if running and not fits:
                     break  # wait for memory: the model runs once enough is free, or alone
-                future = pool.submit(
-                    check_isolated, entries[submitted], update=update, verify=verify
-                )
+                future = pool.submit(_check_in_worker, entries[submitted], update, verify)
                 running[future] = submitted
                 submitted += 1
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -66,6 +74,48 @@ def check_models(
             while shown in done:
                 yield done.pop(shown)
                 shown += 1
+
+
+def _follow_parent() -> None:
+    """A worker's start: it ends when the process that started it does, SIGKILL included
+    (the command's, or forkserver's, which ends with the command). A pool's workers wait for
+    tasks on a pipe whose write end they hold too, so a parent's death alone never wakes them:
+    they would wait forever. On Linux the kernel sends the worker SIGTERM then
+    (``PR_SET_PDEATHSIG``)."""
+    global _parent
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    _parent = os.getppid()
+    if _parent == 1:  # the parent died before the request took effect: init adopted it
+        os._exit(128 + signal.SIGTERM)
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    """A worker's SIGTERM. In a task, the command's interrupt, so that what the task was
+    writing is removed on its way out (the atomic writer's temporary file); the task's end
+    then exits. Between tasks, the exit at once: the pool would catch an interrupt where it
+    sends a result back, and wait for the next task."""
+    if _in_task:
+        from shardcheck.cli.stops import Signalled
+
+        raise Signalled(signum)
+    os._exit(128 + signum)
+
+
+def _check_in_worker(entry: ModelEntry, update: bool, verify: bool) -> ModelResult:
+    """``check_isolated`` in a worker, which ends after the task if its parent has died."""
+    global _in_task
+    _in_task = True
+    try:
+        return check_isolated(entry, update=update, verify=verify)
+    finally:
+        _in_task = False
+        if os.getppid() != _parent:
+            os._exit(128 + signal.SIGTERM)
 
 
 def _context() -> multiprocessing.context.BaseContext:

@@ -412,10 +412,19 @@ def make_drifted_project(directory: Path) -> tuple[Path, dict[Path, str], dict[P
     return manifest, old, new
 
 
-def start_update(manifest: Path) -> subprocess.Popen[bytes]:
+def start_update(manifest: Path, *options: str) -> subprocess.Popen[bytes]:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "shardcheck", "check", "--update", "--manifest", str(manifest)],
+        [
+            sys.executable,
+            "-m",
+            "shardcheck",
+            "check",
+            "--update",
+            "--manifest",
+            str(manifest),
+            *options,
+        ],
         cwd=manifest.parent,
         env=environment,
         stdout=subprocess.DEVNULL,
@@ -465,6 +474,48 @@ def test_sigkill_during_update_leaves_every_golden_old_or_new(tmp_path: Path) ->
     finished = start_update(manifest)
     assert finished.wait(timeout=60) == 0
     assert all(golden.read_text() == new[golden] for golden in new)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (read off /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # The fields after the command's name, which may hold spaces, in parentheses.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkill_of_a_parallel_update_ends_its_workers(tmp_path: Path) -> None:
+    # A pool's workers wait for their next task on a pipe whose write end they hold too: left
+    # alone, they outlived a killed command forever.
+    manifest, _, _ = make_drifted_project(tmp_path)
+    process = start_update(manifest, "--jobs", "2")
+    wait_for_first_write(tmp_path / "golden", process)
+    workers = _children(process.pid)
+    assert process.poll() is None and workers, "the update ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if _alive(pid)]
+    # What a worker was writing when it ended is removed: no temporary file is left.
+    assert not [path.name for path in (tmp_path / "golden").iterdir() if path.suffix == ".tmp"]
 
 
 def test_update_does_not_write_hints_that_fail_verify(tmp_path: Path) -> None:
