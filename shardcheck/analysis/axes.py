@@ -5,7 +5,8 @@ position of its inputs along that axis (elementwise ops, projections, layout cha
 the axis whole, embedding lookups, normalisations over other axes). CP can run such an op on a
 slice of the sequence. ``input_axes`` answers, for an output axis, which input axes carry it;
 None means the op mixes or creates positions along that axis (a reduction over it, a Concat or
-Slice along it, a Range, a Conv, ...), so CP cannot cut through it there.
+Slice along it, a Range, a Conv wider than one position, ...), so CP cannot cut through it
+there.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class AxisMapper:
             return self._matmul(node, out_axis, out_rank)
         if op == "Einsum":
             return self._einsum(node, out_axis)
+        if op == "Conv":
+            return self._conv(node, out_axis)
         if op == "Gemm":
             if out_axis != 0 or node.attr("transA", 0):
                 return None
@@ -145,7 +148,10 @@ class AxisMapper:
             return [(node.inputs[0], out_axis)]
         if op == "Concat":
             if node.attr("axis", 0) % out_rank == out_axis:
-                return None
+                # Along its axis, a Concat of one tensor (and of empty ones) copies it: an
+                # empty cache's K and V concatenated with a layer's (TorchScript's XLM).
+                held = [name for name in node.inputs if _dim(self.shapes, name, out_axis) != 0]
+                return [(held[0], out_axis)] if len(held) == 1 else None
             return self._aligned(node.inputs, out_axis, out_rank)
         if op == "Expand":
             return self._aligned(node.inputs[:1], out_axis, out_rank)
@@ -170,6 +176,31 @@ class AxisMapper:
                 return None
             return [(query, q_rank - 2)]
         return None
+
+    def _conv(self, node: Node, out_axis: int) -> AxisList | None:
+        """Along a spatial axis where the kernel is 1 wide, the stride 1 and no padding, each
+        position is its own (SqueezeBERT's projections are Convs of kernel 1 over [batch,
+        channels, sequence]); the weights are read whole. Along any other axis a Conv mixes
+        positions, or creates them."""
+        if out_axis < 2:
+            return None
+        spatial = out_axis - 2
+        kernel = node.attr("kernel_shape")
+        if not kernel:
+            weight = self.shapes.shape(node.inputs[1]) if len(node.inputs) > 1 else None
+            kernel = list(weight[2:]) if weight else None
+        if not kernel or spatial >= len(kernel) or kernel[spatial] != 1:
+            return None
+        strides = node.attr("strides") or [1] * len(kernel)
+        pads = node.attr("pads") or [0] * (2 * len(kernel))
+        auto_pad = node.attr("auto_pad", b"NOTSET")
+        if isinstance(auto_pad, bytes):
+            auto_pad = auto_pad.decode()
+        if strides[spatial] != 1 or pads[spatial] or pads[spatial + len(kernel)]:
+            return None
+        if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+            return None
+        return [(node.inputs[0], out_axis)]
 
     def output_axis(self, node: Node, tensor: str, axis: int) -> int | None:
         """The output axis that input ``tensor`` at ``axis`` maps to (first output), if any."""

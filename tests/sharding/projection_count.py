@@ -18,7 +18,8 @@ PICKS = frozenset(["Gather", "GatherND"])
 
 def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
     """The share of the projection and MLP FLOPs that run on slices in a multi-device model:
-    each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, the same number
+    each MatMul or Gemm by a 2-D weight (an initializer) costs 2·K·N per token, and each Conv of
+    kernel 1 by a weight [M, C / group, 1] 2·M·C / group per position, the same number
     of tokens for each at one length (one whose data is computed from weights alone computes a
     table, not tokens: it is left out); a MatMul by a matrix that a Gather or GatherND picks out
     of stacked expert weights [E, N, K] costs 2·N·K for each of a token's ``top_k`` experts. It
@@ -49,9 +50,15 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
         reads_slice = any(name in sliced for name in node.input)
         if reads_slice:
             sliced.update(node.output)
-        if node.op_type not in ("MatMul", "Gemm"):
+        if node.op_type not in ("MatMul", "Gemm", "Conv"):
             continue
-        if len(weights.get(node.input[1], ())) == 2:
+        kernel = weights.get(node.input[1], ())
+        if node.op_type == "Conv":
+            if len(kernel) < 3 or any(size != 1 for size in kernel[2:]):
+                continue
+            # A Conv of kernel 1 is a projection of each position: [M, C / group, 1, ...].
+            cost, data = 2 * kernel[0] * kernel[1], node.input[0]
+        elif len(weights.get(node.input[1], ())) == 2:
             rows, columns = weights[node.input[1]]
             cost, data = 2 * rows * columns, node.input[0]
         elif node.op_type == "MatMul" and node.input[0] in picked:

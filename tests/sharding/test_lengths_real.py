@@ -49,6 +49,11 @@ SPLIT_BY_DEFAULT = [
     # Scores viewed by the length of K before its gather (test_key_lengths.py).
     "ts_xglm_tiny",
     "dynamo_xglm_tiny",
+    # K and V through a Concat of one input (an empty cache's): XLM's trace.
+    "ts_xlm_tiny",
+    # Projections by Convs of kernel 1.
+    "ts_squeezebert_tiny",
+    "dynamo_squeezebert_tiny",
     "dynamo_pair_mask_encoder",
     "ts_sdpa_causal",
     "ts_qwen3_moe_tiny",
