@@ -163,9 +163,10 @@ def read_by_mixing(
     region: Region,
     inside_layers: set[int],
 ) -> set[str]:
-    """Region tensors (other than cuts) from which the nodes beside the walk compute, through
-    ops that map the axis, an input of an op that mixes positions along it (ConvBERT
-    transposes each layer's input and convolves it over the sequence): they must be whole.
+    """Region tensors (other than cuts, but for a Split's input) from which the nodes beside
+    the walk compute, through ops that map the axis, an input of an op that mixes positions
+    along it (ConvBERT transposes each layer's input and convolves it over the sequence): they
+    must be whole.
     What beside the walk only maps the axis (a parallel MLP, say) reads the slice as it is."""
     needed: set[str] = set()
     tensors, cut, region_nodes = region.tensors, region.cut, region.nodes
@@ -186,6 +187,23 @@ def read_by_mixing(
         for name in node.inputs
         if name in tensors and name not in cut
     )
+    # A Split of the region whose other pieces are read beside the walk: they carry the axis
+    # as the region's piece does, computed from the Split's input (DiffLlama's second half of
+    # V, read by a second product with the layer's probabilities over every key).
+    for at in sorted(region_nodes):
+        node = index.nodes[at]
+        if node.op_type != "Split" or not node.inputs or node.inputs[0] not in tensors:
+            continue
+        held = [tensors[name] for name in node.outputs if name in tensors]
+        if not held:
+            continue
+        for output in node.outputs:
+            if output and output not in tensors:
+                queue.extend(
+                    (consumer, output, held[0], node.inputs[0])
+                    for consumer in index.consumers_of(output)
+                    if beside(consumer)
+                )
     seen: set[str] = set()
     while queue:
         node, tensor, axis, origin = queue.popleft()
@@ -195,15 +213,17 @@ def read_by_mixing(
         if out_axis is None:
             needed.add(origin)
             continue
-        output = node.outputs[0]
-        if not output or output in tensors or output in seen:
-            continue
-        seen.add(output)
-        queue.extend(
-            (consumer, output, out_axis, origin)
-            for consumer in index.consumers_of(output)
-            if beside(consumer)
-        )
+        # A Split's pieces all carry the axis as its first does (DiffLlama splits V in two
+        # halves, the layer reading one and a second product beside it the other).
+        for output in node.outputs if node.op_type == "Split" else node.outputs[:1]:
+            if not output or output in tensors or output in seen:
+                continue
+            seen.add(output)
+            queue.extend(
+                (consumer, output, out_axis, origin)
+                for consumer in index.consumers_of(output)
+                if beside(consumer)
+            )
     return needed
 
 
