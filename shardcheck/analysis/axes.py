@@ -191,14 +191,10 @@ class AxisMapper:
             kernel = list(weight[2:]) if weight else None
         if not kernel or spatial >= len(kernel) or kernel[spatial] != 1:
             return None
+        # auto_pad pads nothing for a kernel of 1 at stride 1; explicit pads may.
         strides = node.attr("strides") or [1] * len(kernel)
         pads = node.attr("pads") or [0] * (2 * len(kernel))
-        auto_pad = node.attr("auto_pad", b"NOTSET")
-        if isinstance(auto_pad, bytes):
-            auto_pad = auto_pad.decode()
         if strides[spatial] != 1 or pads[spatial] or pads[spatial + len(kernel)]:
-            return None
-        if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
             return None
         return [(node.inputs[0], out_axis)]
 

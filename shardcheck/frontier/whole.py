@@ -187,24 +187,31 @@ def read_by_mixing(
         for name in node.inputs
         if name in tensors and name not in cut
     )
-    # A Split of the region whose other pieces are read beside the walk: they carry the axis
-    # as the region's piece does, computed from the Split's input (DiffLlama's second half of
-    # V, read by a second product with the layer's probabilities over every key).
+    seen: set[str] = set()
+
+    def reach(output: str, axis: int, origin: str) -> None:
+        """The nodes beside the walk that read ``output``, computed from ``origin``."""
+        if not output or output in tensors or output in seen:
+            return
+        seen.add(output)
+        queue.extend(
+            (consumer, output, axis, origin)
+            for consumer in index.consumers_of(output)
+            if beside(consumer)
+        )
+
+    # A Split's pieces all carry the axis as its first does. The pieces of a Split of the
+    # region that the walk did not reach are read beside it, computed from the Split's input
+    # (DiffLlama splits V in two halves: the layer reads one, a second product beside it the
+    # other, with the layer's probabilities over every key).
     for at in sorted(region_nodes):
         node = index.nodes[at]
         if node.op_type != "Split" or not node.inputs or node.inputs[0] not in tensors:
             continue
-        held = [tensors[name] for name in node.outputs if name in tensors]
-        if not held:
-            continue
-        for output in node.outputs:
-            if output and output not in tensors:
-                queue.extend(
-                    (consumer, output, held[0], node.inputs[0])
-                    for consumer in index.consumers_of(output)
-                    if beside(consumer)
-                )
-    seen: set[str] = set()
+        axis = next((tensors[name] for name in node.outputs if name in tensors), None)
+        if axis is not None:
+            for output in node.outputs:
+                reach(output, axis, node.inputs[0])
     while queue:
         node, tensor, axis, origin = queue.popleft()
         if origin in needed:
@@ -213,17 +220,8 @@ def read_by_mixing(
         if out_axis is None:
             needed.add(origin)
             continue
-        # A Split's pieces all carry the axis as its first does (DiffLlama splits V in two
-        # halves, the layer reading one and a second product beside it the other).
         for output in node.outputs if node.op_type == "Split" else node.outputs[:1]:
-            if not output or output in tensors or output in seen:
-                continue
-            seen.add(output)
-            queue.extend(
-                (consumer, output, out_axis, origin)
-                for consumer in index.consumers_of(output)
-                if beside(consumer)
-            )
+            reach(output, out_axis, origin)
     return needed
 
 

@@ -168,9 +168,7 @@ def _collective_rules(ranks: int) -> dict[str, ExtraRule]:
         shape = shapes.input_info(node, 0).shape
         if shape is None or not shape or not isinstance(shape[0], int):
             return [UNKNOWN]
-        operation = node.attr("collective_operation", "")
-        if isinstance(operation, bytes):
-            operation = operation.decode()
+        operation = collective_operation(node.proto)
         first = shape[0]
         if operation == REDUCE_SCATTER:
             if first % ranks:

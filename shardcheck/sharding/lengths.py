@@ -685,15 +685,13 @@ def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] 
     shape = shapes.input_info(node, 0).shape
     if not shape:
         return [UNKNOWN]
-    operation = node.attr("collective_operation", "")
-    if isinstance(operation, bytes):
-        operation = operation.decode()
+    operation = collective_operation(node.proto)
+    first = shape[0]
     if operation == REDUCE_SCATTER:
         # What a reduce-scatter scatters is computed with the whole length (``_give``), even
         # where the model as sharded sizes it by a slice (DeBERTa's relative positions).
         shape = tuple(dim.replace(ON_RANK, "") if isinstance(dim, str) else dim for dim in shape)
-    first = shape[0]
-    if operation == REDUCE_SCATTER:
+        first = shape[0]
         first = first + ON_RANK if isinstance(first, str) and is_name(first) else None
     elif operation == ALL_GATHER:
         local = isinstance(first, str) and first.endswith(ON_RANK)
