@@ -111,23 +111,35 @@ def find_frontier(
     # What the layers compute inside (their scores): sliced along the queries.
     layers_own = {output for at in inside_layers for output in index.nodes[at].outputs}
     sources = ShapeSources(index, ids, derived, shapes)
+    # The walk ends at a layer's output, and at what it computes inside: DiffLlama weighs a
+    # second half of V by a layer's probabilities, beside it, and what that product reads
+    # beside the walk is the layer's own business (kv_readers.py), not a cut's.
+    ends = {
+        output: layer
+        for layer in layer_outputs.values()
+        for at in layer.internal
+        for output in index.nodes[at].outputs
+        if output
+    }
     back = BackWalk(
         index,
         mapper,
         ids,
         sources.derived_flags,
-        layer_outputs,
+        {**ends, **layer_outputs},
         through_broadcasts=lengths_by_reader,
     )
     # The extension gathers K and V for the nodes that read them beside their layer.
     chains = kv_chains(index, derived, layers) if lengths_by_reader else set()
     kv_gathers: KvGathers = {}
+    mixing_gathers: KvGathers = {}
     # The rounds find the cuts; the gathers follow from them. A length read after the gathers
     # from a tensor ranks hold slices of makes that tensor whole, and the rounds run again; in
     # the extension too, whose shard gives the whole length only to the Gathers indexing
     # whole data (sharding/lengths.py).
     for _ in range(MAX_ROUNDS):
         for _ in range(MAX_ROUNDS):
+            mixing_gathers = {}
             walked = back.walk(seeds, whole)
             region, cut = walked.tensors, walked.cut
             cut_lengths: list[tuple[int, int]] = []
@@ -142,7 +154,9 @@ def find_frontier(
             )
             if not lengths_by_reader:
                 needed |= sized_whole(index, mapper, sources, walked)
-            beside, kv_gathers = sliced_beside(index, ids, walked, chains)
+            beside, kv_gathers = sliced_beside(
+                index, ids, walked, chains, (mapper, layers_own) if lengths_by_reader else None
+            )
             needed |= beside
             if given_out is None:
                 needed |= exposed_in_region(index, walked, {tensor for tensor, _ in seeds})
@@ -154,7 +168,10 @@ def find_frontier(
             if not needed and not masks:
                 # Checked last, once the rest holds (it reads every node): a region tensor read
                 # by an op that mixes positions along its axis, beside the walk.
-                needed = read_by_mixing(index, mapper, walked, inside_layers) - whole
+                needed, mixing_gathers = read_by_mixing(
+                    index, mapper, walked, inside_layers, layers_own if lengths_by_reader else None
+                )
+                needed -= whole
                 if not needed:
                     break
             whole |= needed
@@ -188,6 +205,9 @@ def find_frontier(
         order, shapes, {name: axis for name, axis in cut.items() if name not in exposed.queries}
     )
     result.region_nodes = frozenset(walked.nodes)
+    for name, (axis, readers) in mixing_gathers.items():
+        earlier = kv_gathers.get(name, (axis, ()))[1]
+        kv_gathers[name] = (axis, tuple(sorted({*earlier, *readers})))
     result.kv_for_readers = tuple(
         ReaderGather(name, axis, readers) for name, (axis, readers) in sorted(kv_gathers.items())
     )

@@ -14,7 +14,12 @@ from collections.abc import Set as AbstractSet
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions
-from shardcheck.frontier.kv_readers import KvGathers, gathered_for_readers
+from shardcheck.frontier.kv_readers import (
+    KvGathers,
+    gathered_for_readers,
+    values_for_products,
+    weighs_by_probabilities,
+)
 from shardcheck.frontier.region import Region
 from shardcheck.frontier.sliced import SlicedTest
 from shardcheck.frontier.sources import ShapeSources, shape_like_ancestors
@@ -139,6 +144,7 @@ def sliced_beside(
     ids: TensorIds,
     region: Region,
     chains: AbstractSet[str] = frozenset(),
+    values: tuple[AxisMapper, AbstractSet[str]] | None = None,
 ) -> tuple[set[str], KvGathers]:
     """What the region's nodes read broadcast along the axis walked, that a rank would hold a
     slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
@@ -146,14 +152,20 @@ def sliced_beside(
     output, it would cut that axis too. It must be whole, and so the region tensors it is
     computed from; but where it is computed from the region through the layers' K and V
     chains (``chains``, the extension's), those are gathered for its readers instead
-    (kv_readers.py): the second of the two returned."""
+    (kv_readers.py): the second of the two returned. So is what a MatMul of a layer's
+    probabilities weighs along its keys (``values``: the mapper and the probabilities, the
+    extension's)."""
     if not region.read_beside:
         return set(), {}
     sliced = SlicedTest(ids, region.cut_ids)
     read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
     gathers: KvGathers = {}
+    if values is not None and read:
+        mapper, probabilities = values
+        read, gathers = values_for_products(index, ids, mapper, region, sliced, probabilities, read)
     if chains and read:
-        read, gathers = gathered_for_readers(index, ids, region, chains, sliced, read)
+        read, chain_gathers = gathered_for_readers(index, ids, region, chains, sliced, read)
+        gathers.update(chain_gathers)
     return (_region_ancestors(ids, read, region.in_region) if read else set()), gathers
 
 
@@ -162,13 +174,20 @@ def read_by_mixing(
     mapper: AxisMapper,
     region: Region,
     inside_layers: set[int],
-) -> set[str]:
+    probabilities: AbstractSet[str] | None = None,
+) -> tuple[set[str], KvGathers]:
     """Region tensors (other than cuts, but for a Split's input) from which the nodes beside
     the walk compute, through ops that map the axis, an input of an op that mixes positions
     along it (ConvBERT transposes each layer's input and convolves it over the sequence): they
     must be whole.
-    What beside the walk only maps the axis (a parallel MLP, say) reads the slice as it is."""
+    What beside the walk only maps the axis (a parallel MLP, say) reads the slice as it is.
+
+    ``probabilities`` (the extension's: what the layers compute inside): a MatMul of those by
+    a tensor along its keys is a second value product of a layer, which a rank computes for its
+    queries over every key as the layer does. The extension gathers that tensor for it, as the
+    layer gathers its V, instead of making it whole (the second of the two returned)."""
     needed: set[str] = set()
+    gathers: dict[str, tuple[int, set[str]]] = {}
     tensors, cut, region_nodes = region.tensors, region.cut, region.nodes
 
     def beside(node: Node) -> bool:
@@ -218,11 +237,20 @@ def read_by_mixing(
             continue
         out_axis = mapper.output_axis(node, tensor, axis)
         if out_axis is None:
-            needed.add(origin)
+            if probabilities is not None and weighs_by_probabilities(
+                mapper, node, tensor, axis, probabilities
+            ):
+                gathers.setdefault(tensor, (axis, set()))[1].add(node.name)
+            else:
+                needed.add(origin)
             continue
         for output in node.outputs if node.op_type == "Split" else node.outputs[:1]:
             reach(output, out_axis, origin)
-    return needed
+    if needed:
+        return needed, {}
+    return needed, {
+        name: (axis, tuple(sorted(readers))) for name, (axis, readers) in gathers.items()
+    }
 
 
 def _region_ancestors(ids: TensorIds, tensors: list[int], in_region: bytearray) -> set[str]:

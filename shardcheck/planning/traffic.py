@@ -5,8 +5,9 @@ sends each rank the N-1 slices it lacks, (N-1)/N·T; a reduce-scatter of T bytes
 split) sends each rank N-1 partial slices, (N-1)/N·T. Each collective belongs to a layer: a K,
 V or Q gather to its own, a scatter to the first layer whose output follows it in the graph
 (the embeddings' scatter to the first layer; DeBERTa's relative positions, scattered after a
-layer's score MatMul, to that layer), another gather to the first layer after it; a gather
-after the last layer to none.
+layer's score MatMul, to that layer), a gather for readers to the layer whose probabilities
+its readers weigh it by (DiffLlama's second half of V), another gather to the first layer after
+it; a gather after the last layer to none.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def collectives(
     """Every collective of the multi-device model, in graph order (``size``: the bytes of a
     tensor of the multi-device model on one rank; ``for_readers``: the tensors the extension
     gathers for the nodes that read them beside their layer)."""
-    by_node = {tail.collective_node: tail for tail in shapes.sharded.tails.values()}
+    by_node = {tail.collective_node: (name, tail) for name, tail in shapes.sharded.tails.items()}
     roles: dict[str, tuple[str, int]] = {}
     for position, layer in enumerate(layers):
         roles.setdefault(layer.gathered_k, ("gather K", position))
@@ -53,17 +54,27 @@ def collectives(
     # And of each layer's output.
     producer = shapes.index.producer
     ends = [producer.get(layer.output, len(shapes.index.nodes)) for layer in layers]
+    # And the layer computing each tensor inside a layer, in the multi-device graph.
+    inside = {
+        output: position
+        for position, layer in enumerate(layers)
+        for at in layer.internal
+        if at in shapes.copy_of
+        for output in shapes.copy_of[at].outputs
+    }
     found = []
     for node in shapes.index.nodes:
         if node.op_type != COLLECTIVE_OP or node.name not in by_node:
             continue
-        tail = by_node[node.name]
+        tail_name, tail = by_node[node.name]
         if tail.operation == ALL_GATHER:
             full = size(node.outputs[0])
             other = "gather for readers" if tail.source in for_readers else "gather output"
             role, layer = roles.get(tail.source, (other, None))
             if role == other:
-                layer = _next_layer(starts, node.index)
+                layer = _reading_layer(shapes, inside, tail_name)
+                if layer is None:
+                    layer = _next_layer(starts, node.index)
         else:
             full = size(node.inputs[0])
             role, layer = "scatter", _next_layer(ends, node.index)
@@ -75,3 +86,15 @@ def collectives(
 def _next_layer(positions: Sequence[int], at: int) -> int | None:
     """The first layer whose node at ``positions`` follows ``at`` in the graph."""
     return next((layer for layer, position in enumerate(positions) if position > at), None)
+
+
+def _reading_layer(shapes: RankShapes, inside: dict[str, int], gathered: str) -> int | None:
+    """The first layer with a tensor computed inside it that a reader of ``gathered`` (the
+    tail of a gather's chain) reads."""
+    found = [
+        inside[name]
+        for reader in shapes.index.consumers_of(gathered)
+        for name in reader.inputs
+        if name in inside
+    ]
+    return min(found, default=None)
