@@ -4,7 +4,8 @@ The extension's shard (sharding/lengths.py) gives the nodes there their lengths 
 and the extension's frontier (frontier/exactness.py) leaves unwarned what that makes exact:
 ``query_axes``, the Reshapes and Expands of the scores with their queries' axis (to be given a
 rank's length there); ``key_slices``, the Slices of a table along the keys that the scores
-read (to be given the whole length).
+read (to be given the whole length); ``mask_broadcasts``, the Expands that broadcast a padding
+mask along the queries of the scores (to be given a rank's length there).
 """
 
 from __future__ import annotations
@@ -74,3 +75,32 @@ def key_slices(
                 if all(axis % rank + out_rank - rank == out_rank - 1 for axis in axes):
                     found.add(producer.name)
     return frozenset(found)
+
+
+# Ops a mask passes through unchanged in shape between its Expand and the scores.
+_MASK_CASTS = frozenset(["Cast", "Not", "Neg", "Identity"])
+
+
+def mask_broadcasts(
+    index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
+) -> dict[str, int]:
+    """The Expands, outside ``layers``, that make a layer's mask (or what a Cast of it is
+    made from) by broadcasting a tensor of one row along the queries, with their output's
+    queries axis: its rank less 2. A rank needs its rows alone there (XLM's dynamo export
+    expands its padding mask [batch, 1, 1, keys] by ``attention_mask.shape[1]`` twice)."""
+    found: dict[str, int] = {}
+    for layer in layers:
+        for mask in layer.masks:
+            node = index.producer_of(mask)
+            while node is not None and node.op_type in _MASK_CASTS and node.inputs:
+                node = index.producer_of(node.inputs[0])
+            if node is None or node.op_type != "Expand" or node.index in layer.internal:
+                continue
+            out_rank = shapes.rank(node.outputs[0])
+            data = shapes.shape(node.inputs[0])
+            if out_rank is None or out_rank < 2 or data is None:
+                continue
+            at = len(data) - 2
+            if at < 0 or data[at] == 1:
+                found[node.name] = out_rank - 2
+    return found

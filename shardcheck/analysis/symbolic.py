@@ -297,8 +297,10 @@ def matmul_shape(a: Shape, b: Shape) -> Shape | None:
 
 def slice_length(dim: Dim, start: Dim, end: Dim, step: Dim) -> Dim:
     """The length of ``[start:end:step]`` of an axis of length ``dim``."""
-    if step == 1 and start == f"-{dim}" and isinstance(end, int) and end >= 2**31 - 1:
-        return dim  # x[-n:] of a length n
+    # x[-n:] of a length n; the dynamo exporter computes -n as -1 times n.
+    from_end = isinstance(start, str) and isinstance(dim, str) and _negated(start) == dim
+    if step == 1 and from_end and isinstance(end, int) and end >= 2**31 - 1:
+        return dim
     if not isinstance(start, int) or not isinstance(step, int):
         return None
     if step == 1 and start == 0 and isinstance(end, str):
@@ -379,12 +381,14 @@ def _integer_result(op: str, a: int, b: int) -> Dim:
 
 
 def _negated(dim: Dim) -> Dim:
-    """``-dim`` for an integer or a plain symbol (``-sequence``, the start of x[-n:]); None
-    for an expression."""
+    """``-dim`` for an integer or a plain symbol (``-sequence``, the start of x[-n:]; the
+    negation of ``-1*sequence`` is ``sequence``); None for an expression."""
     if isinstance(dim, int):
         return -dim
     if dim is None:
         return None
+    if dim.startswith("-1*") and is_name(dim[3:]):
+        return dim[3:]
     negative = dim.startswith("-")
     name = dim[1:] if negative else dim
     if not is_name(name):

@@ -45,7 +45,7 @@ from dataclasses import replace
 from functools import cached_property
 
 from shardcheck.analysis.detect import AttentionLayer
-from shardcheck.analysis.layer_insides import key_slices, query_axes
+from shardcheck.analysis.layer_insides import key_slices, mask_broadcasts, query_axes
 from shardcheck.analysis.shape_rules import apply_rule
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import always_one, is_name, mentions
@@ -95,6 +95,7 @@ class _LengthGraph:
         self.inside = {index.nodes[at].name for layer in layers for at in layer.internal}
         self.query_axes = query_axes(index, shapes, layers)
         self.key_slices = key_slices(index, shapes, layers)
+        self.mask_broadcasts = mask_broadcasts(index, shapes, layers)
         self.data: set[str] = {info.name for info in sharded.model.graph.input}
         self.weights = {init.name for init in sharded.model.graph.initializer}
         self.data -= self.weights
@@ -130,6 +131,7 @@ class _LengthGraph:
                 self.references.setdefault(
                     dim, (tensor.name, scattered[tensor.name], tensor.seq_len_idx)
                 )
+        self.scattered_sources = set(scattered)
         self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
         self.added: list[protos.NodeProto] = []
         self._copies: dict[tuple[str, str], str] = {}
@@ -183,6 +185,11 @@ class _LengthGraph:
             return RANK if wanted else None
         if node.op_type == COLLECTIVE_OP:
             return WHOLE if collective_operation(node) == REDUCE_SCATTER else None
+        if node.name in self.mask_broadcasts and not sliced:
+            # A padding mask broadcast along the queries: a rank needs its rows alone,
+            # whatever length the shard sizes the broadcast with; unless the hints scatter it,
+            # and it is computed whole (GPT-OSS's dynamo export scatters its sinks' column).
+            return None if node.output[0] in self.scattered_sources else RANK
         if node.name in self.key_slices and not sliced:
             # A table sliced along the keys for a layer's scores: the keys are whole there
             # (TorchScript's MPT slices its ALiBi bias by the length of K before the gather).
@@ -260,6 +267,14 @@ class _LengthGraph:
         if target is None or data is None:
             return {}
         scaled: dict[int, tuple[str, str]] = {}
+        queries = self.mask_broadcasts.get(name)
+        if queries is not None:
+            # Of the target's entries (aligned right on the output), the queries' alone.
+            at = queries - (max(len(target), len(data)) - len(target))
+            if not 0 <= at < len(target):
+                return {}
+            held = [symbol for symbol in self.references if mentions(target[at], symbol)]
+            return {at: (held[0], RANK)} if len(held) == 1 else {}
         for symbol in self.references:
             local = symbol + ON_RANK
             if not any(mentions(dim, local) for dim in data):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardcheck.analysis.symbolic import always_one, mentions
+from shardcheck.analysis.symbolic import always_one, mentions, slice_length
 from shardcheck.graph.index import Dim
 
 
@@ -73,3 +73,22 @@ def test_dims_that_are_not_one_or_cannot_be_read(dim: object) -> None:
 )
 def test_a_dim_mentions_a_symbol_as_a_whole_name(dim: Dim, symbol: str, named: bool) -> None:
     assert mentions(dim, symbol) is named
+
+
+# ONNX's "to the end" bound, as the exporters write it.
+TO_THE_END = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("start", "length"),
+    [
+        ("-sequence", "sequence"),
+        # The dynamo exporter's x[-n:]: n multiplied by -1 (XLM's position_ids[:, -S:]).
+        ("-1*sequence", "sequence"),
+        # The last rows of another length: not known.
+        ("-1*batch", None),
+        ("-2*sequence", None),
+    ],
+)
+def test_the_last_n_rows_of_a_length_n(start: str, length: Dim) -> None:
+    assert slice_length("sequence", start, TO_THE_END, 1) == length

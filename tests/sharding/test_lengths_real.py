@@ -51,6 +51,9 @@ SPLIT_BY_DEFAULT = [
     "dynamo_xglm_tiny",
     # K and V through a Concat of one input (an empty cache's): XLM's trace.
     "ts_xlm_tiny",
+    # One attention_mask.shape[1] for the positions and the padding mask's rows and keys
+    # (test_mask_rows.py).
+    "dynamo_xlm_tiny",
     # A second half of V weighed by a layer's probabilities beside it (test_value_halves.py).
     "dynamo_diffllama_tiny",
     # Projections by Convs of kernel 1.
