@@ -170,7 +170,11 @@ def _elementwise(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
         return None
     out = broadcast(input_shapes)  # type: ignore[arg-type]
     value = None
-    if any(info.value is not None for info in infos):
+    # A matrix's value is read by the ops that keep its shape alone: its flat elements would
+    # broadcast as a vector's.
+    matrix = any(len(shape) > 1 for shape in input_shapes)  # type: ignore[arg-type]
+    reads_values = not matrix or node.op_type in ("Cast", "Identity")
+    if reads_values and any(info.value is not None for info in infos):
         value = elementwise_value(
             node.op_type, [shapes.input_info(node, i).value for i in range(3)]
         )
@@ -229,7 +233,21 @@ def _size(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
 
 def _transpose(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
     perm = node.attr("perm") or list(reversed(range(len(shape))))
-    return [TensorInfo(tuple(shape[p] for p in perm))]
+    value = None
+    rows = _matrix_rows(shape, shapes.input_info(node, 0).value)
+    if rows is not None and list(perm) == [1, 0]:
+        value = tuple(row[column] for column in range(len(rows[0])) for row in rows)
+    return [TensorInfo(tuple(shape[p] for p in perm), value)]
+
+
+def _matrix_rows(shape: Shape, value: tuple[Dim, ...] | None) -> list[tuple[Dim, ...]] | None:
+    """The rows of a matrix's value, where it has one (and at least one row and column)."""
+    if value is None or len(shape) != 2 or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    rows, columns = shape
+    if rows * columns != len(value):  # type: ignore[operator]
+        return None
+    return [value[at * columns : (at + 1) * columns] for at in range(rows)]  # type: ignore[operator]
 
 
 def _reshape(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo] | None:
@@ -237,7 +255,9 @@ def _reshape(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInf
     if target is None:
         return _rank_only(shapes, node)
     dims = reshape_dims(shape, target, bool(node.attr("allowzero", 0)))
-    value = shapes.input_info(node, 0).value if dims is not None and len(dims) <= 1 else None
+    value = shapes.input_info(node, 0).value
+    if dims is None or (len(dims) > 1 and _matrix_rows(dims, value) is None):
+        value = None
     return [TensorInfo(dims, value)]
 
 
@@ -327,8 +347,15 @@ def _slice(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]
         axis %= rank
         dims[axis] = slice_length(shape[axis], start, end, step)
     out_value = None
-    if value is not None and rank == 1 and all(isinstance(x, int) for x in (*starts, *ends)):
+    bounds = all(isinstance(x, int) for x in (*starts, *ends))
+    if value is not None and rank == 1 and bounds:
         out_value = tuple(value[slice(starts[0], ends[0], steps[0])])  # type: ignore[misc]
+    rows = _matrix_rows(shape, value) if bounds else None
+    if rows is not None:
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            cut = slice(start, end, step)  # type: ignore[misc]
+            rows = rows[cut] if axis % rank == 0 else [row[cut] for row in rows]
+        out_value = tuple(dim for row in rows for dim in row)
     return [TensorInfo(tuple(dims), out_value)]
 
 

@@ -18,7 +18,10 @@ MAX_VALUE_ELEMENTS = 16
 
 class TensorInfo(NamedTuple):
     shape: Shape | None = None
-    value: tuple[Dim, ...] | None = None  # for small 1-D/scalar integer tensors
+    # For small integer tensors: scalars and vectors, and the matrices that a Reshape makes
+    # of a vector's value (row-major): TorchScript reorders F.pad's pads through a [-1, 2]
+    # matrix, reversed along its rows and transposed.
+    value: tuple[Dim, ...] | None = None
 
 
 UNKNOWN = TensorInfo()

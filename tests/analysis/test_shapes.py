@@ -416,3 +416,61 @@ def test_a_float_range_over_a_length_has_that_length(
     )
     index = GraphIndex(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     assert ShapeInference(index).shape("positions") == expected
+
+
+def test_torchscript_f_pad_pads_are_folded_through_their_matrix() -> None:
+    # MobileBERT's trigram embedding: cat([pad(e[:, 1:], (0, 0, 0, 1)), e,
+    # pad(e[:, :-1], (0, 0, 1, 0))], dim=2). TorchScript turns each F.pad's pads (last dim
+    # first, [begin, end] per dim) into ONNX's [begins..., ends...] by a [-1, 2] Reshape of
+    # the 6 pads, a Slice of its rows with step -1 and a Transpose: (0, 0, 0, 1) pads the
+    # sequence axis 1 by one at its end, (0, 0, 1, 0) by one at its start.
+    index = load_index(FIXTURES / "real" / "ts_mobilebert_tiny.onnx")
+    shapes = ShapeInference(index)
+    pads = {}
+    for node in index.nodes:
+        if node.op_type == "Pad":
+            pads[node.inputs[0]] = shapes.value(node.inputs[1])
+            # Each shifted copy [batch, sequence - 1, 16] padded back to the whole length.
+            assert shapes.shape(node.outputs[0]) == ("batch", "sequence", 16)
+    assert sorted(pads.values()) == [(0, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, 0)]
+
+
+def test_a_matrix_value_is_reshaped_sliced_and_transposed() -> None:
+    # [1, 2, 3, 4, 5, 6] as [[1, 2], [3, 4], [5, 6]]; rows reversed: [[5, 6], [3, 4], [1, 2]];
+    # transposed: [[5, 3, 1], [6, 4, 2]]; flattened; and added to (a vector's value would be
+    # broadcast wrongly by the matrix's flat elements, so an Add of the matrix has none).
+    ints = {
+        "values": [1, 2, 3, 4, 5, 6],
+        "rows": [-1, 2],
+        "start": [-1],
+        "end": [-(2**63) + 1],
+        "axis": [0],
+        "step": [-1],
+        "flat": [-1],
+    }
+    constants = [
+        oh.make_node("Constant", [], [name], value=oh.make_tensor(name, onnx.TensorProto.INT64,
+                                                                  [len(v)], v))
+        for name, v in ints.items()
+    ]  # fmt: skip
+    nodes = [
+        *constants,
+        oh.make_node("Reshape", ["values", "rows"], ["matrix"]),
+        oh.make_node("Slice", ["matrix", "start", "end", "axis", "step"], ["reversed"]),
+        oh.make_node("Transpose", ["reversed"], ["turned"], perm=[1, 0]),
+        oh.make_node("Reshape", ["turned", "flat"], ["pads"]),
+        oh.make_node("Add", ["turned", "turned"], ["doubled"]),
+    ]
+    graph = oh.make_graph(
+        nodes, "pads", [], [oh.make_tensor_value_info(n, onnx.TensorProto.INT64, None)
+                            for n in ("pads", "doubled")]
+    )  # fmt: skip
+    shapes = ShapeInference(GraphIndex(oh.make_model(graph)))
+    assert shapes.value("matrix") == (1, 2, 3, 4, 5, 6)
+    assert shapes.shape("reversed") == (3, 2)
+    assert shapes.value("reversed") == (5, 6, 3, 4, 1, 2)
+    assert shapes.value("turned") == (5, 3, 1, 6, 4, 2)
+    assert shapes.shape("pads") == (6,)
+    assert shapes.value("pads") == (5, 3, 1, 6, 4, 2)
+    assert shapes.shape("doubled") == (2, 3)
+    assert shapes.value("doubled") is None

@@ -56,6 +56,8 @@ SPLIT_BY_DEFAULT = [
     "dynamo_xlm_tiny",
     # A second half of V weighed by a layer's probabilities beside it (test_value_halves.py).
     "dynamo_diffllama_tiny",
+    # F.pad's pads folded through a matrix of constants (tests/analysis/test_shapes.py).
+    "ts_mobilebert_tiny",
     # Projections by Convs of kernel 1.
     "ts_squeezebert_tiny",
     "dynamo_squeezebert_tiny",
@@ -90,7 +92,13 @@ TOP_K = {
     "dynamo_phimoe_tiny": 2,
 }
 # Where the Polygraphy format already splits everything: gen writes no extension.
-PLAIN_SPLITS = ["ts_llama_tiny_gqa", "ts_gpt2_tiny", "ts_bert_tiny", "ts_qwen3_moe_tiny"]
+PLAIN_SPLITS = [
+    "ts_llama_tiny_gqa",
+    "ts_gpt2_tiny",
+    "ts_bert_tiny",
+    "ts_qwen3_moe_tiny",
+    "ts_mobilebert_tiny",
+]
 
 
 def default_plan(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
