@@ -474,3 +474,16 @@ def test_a_matrix_value_is_reshaped_sliced_and_transposed() -> None:
     assert shapes.value("pads") == (5, 3, 1, 6, 4, 2)
     assert shapes.shape("doubled") == (2, 3)
     assert shapes.value("doubled") is None
+
+
+def test_an_eye_like_has_its_input_shape() -> None:
+    # XLNet builds its [S, S] mask's diagonal so: before this rule, explain could not count
+    # its plan past the EyeLike.
+    graph = oh.make_graph(
+        [oh.make_node("EyeLike", ["square"], ["eye"])],
+        "eye",
+        [oh.make_tensor_value_info("square", onnx.TensorProto.FLOAT, ["sequence", "sequence"])],
+        [oh.make_tensor_value_info("eye", onnx.TensorProto.FLOAT, None)],
+    )
+    shapes = ShapeInference(GraphIndex(oh.make_model(graph)))
+    assert shapes.shape("eye") == ("sequence", "sequence")
