@@ -13,7 +13,7 @@ from __future__ import annotations
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dims
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.graph.index import GraphIndex
+from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import ELEMENTWISE, RESIZING_OPS
 
 
@@ -77,30 +77,50 @@ def key_slices(
     return frozenset(found)
 
 
-# Ops a mask passes through unchanged in shape between its Expand and the scores.
-_MASK_CASTS = frozenset(["Cast", "Not", "Neg", "Identity"])
+# How many nodes the walk from a mask back to its Expands looks at: a mask's Casts, its
+# ``1 - mask`` and masked_fill's Where are a few, and no walk goes up the whole model.
+_MASK_WALK = 16
 
 
 def mask_broadcasts(
     index: GraphIndex, shapes: ShapeInference, layers: list[AttentionLayer]
 ) -> dict[str, int]:
-    """The Expands, outside ``layers``, that make a layer's mask (or what a Cast of it is
-    made from) by broadcasting a tensor of one row along the queries, with their output's
-    queries axis: its rank less 2. A rank needs its rows alone there (XLM's dynamo export
-    expands its padding mask [batch, 1, 1, keys] by ``attention_mask.shape[1]`` twice)."""
+    """The Expands, outside ``layers``, that make a layer's mask by broadcasting a tensor of
+    one row along the queries, with their output's queries axis: its rank less 2. A rank
+    needs its rows alone there (XLM's dynamo export expands its padding mask [batch, 1, 1,
+    keys] by ``attention_mask.shape[1]`` twice)."""
     found: dict[str, int] = {}
     for layer in layers:
         for mask in layer.masks:
-            node = index.producer_of(mask)
-            while node is not None and node.op_type in _MASK_CASTS and node.inputs:
-                node = index.producer_of(node.inputs[0])
-            if node is None or node.op_type != "Expand" or node.index in layer.internal:
-                continue
-            out_rank = shapes.rank(node.outputs[0])
-            data = shapes.shape(node.inputs[0])
-            if out_rank is None or out_rank < 2 or data is None:
-                continue
-            at = len(data) - 2
-            if at < 0 or data[at] == 1:
-                found[node.name] = out_rank - 2
+            for node in _mask_expands(index, shapes, mask):
+                if node.index in layer.internal:
+                    continue
+                out_rank = shapes.rank(node.outputs[0])
+                data = shapes.shape(node.inputs[0])
+                if out_rank is None or out_rank < 2 or data is None:
+                    continue
+                at = len(data) - 2
+                if at < 0 or data[at] == 1:
+                    found[node.name] = out_rank - 2
     return found
+
+
+def _mask_expands(index: GraphIndex, shapes: ShapeInference, mask: str) -> list[Node]:
+    """The Expands that ``mask`` is made from through elementwise nodes of its rank, the
+    first met on each path: its Casts, and under transformers 4 BERT's ``1 - mask`` and
+    masked_fill's Where. Of the mask's rank only, so that no walk reaches the positions a
+    causal mask compares."""
+    rank = shapes.rank(mask)
+    found: list[Node] = []
+    seen: set[int] = set()
+    todo = [mask]
+    while todo and len(seen) < _MASK_WALK:
+        node = index.producer_of(todo.pop())
+        if node is None or node.index in seen or shapes.rank(node.outputs[0]) != rank:
+            continue
+        seen.add(node.index)
+        if node.op_type == "Expand":
+            found.append(node)
+        elif node.op_type in ELEMENTWISE:
+            todo.extend(name for name in node.inputs if name)
+    return sorted(found, key=lambda node: node.index)

@@ -306,8 +306,10 @@ class _LengthGraph:
                         and not mentions(held, local)
                     ):
                         scaled[at] = (symbol, WHOLE)
-            elif len(whole) > 1:  # a Reshape: which entry is the slice's is not known
-                continue
+            elif len(whole) > 1:
+                # A Reshape with several entries of the whole length (transformers 4's vmapped
+                # masks view [batch, queries, keys] as [batch, 1, queries, keys]).
+                whole = _slice_entries(target, data, symbol, local)
             scaled.update(dict.fromkeys(whole, (symbol, RANK)))
         return scaled
 
@@ -619,6 +621,8 @@ def mixed_lengths(
             producer = on_rank.index.producer_of(tensor.name)
             return producer.name if producer is not None else tensor.name
     for node in on_rank.index.nodes:
+        if node.op_type == "Reshape" and _reshapes_lengths(on_rank, node, symbols):
+            return node.name
         if node.op_type not in ELEMENTWISE:
             continue
         known = [shape for shape in map(on_rank.shape, node.inputs) if shape]
@@ -635,6 +639,32 @@ def mixed_lengths(
                 if whole and any(mentions(dim, symbol + ON_RANK) for dim in dims):
                     return node.name
     return None
+
+
+def _reshapes_lengths(on_rank: ShapeInference, node: Node, symbols: list[str]) -> bool:
+    """Whether the Reshape ``node`` turns a rank's length into the whole one, or back, as the
+    shapes on a rank show: a Reshape keeps the number of elements, so its data and its target
+    hold each length as often (a mask of a rank's rows viewed with the whole length along its
+    queries cannot run). Only where the target is known, no entry 0 or -1."""
+    data = on_rank.shape(node.inputs[0])
+    target = on_rank.value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if data is None or target is None or any(entry in (0, -1) for entry in target):
+        return False
+    for symbol in symbols:
+        local = symbol + ON_RANK
+        counts = []
+        for dims in (data, target):
+            counts.append(
+                (
+                    sum(mentions(dim, symbol) for dim in dims),
+                    sum(mentions(dim, local) for dim in dims),
+                )
+            )
+        # As many entries of a length on both sides, not split alike: an entry the shapes
+        # cannot name (where the totals differ) tells nothing.
+        if sum(counts[0]) == sum(counts[1]) and counts[0] != counts[1]:
+            return True
+    return False
 
 
 _WHY_NOT = {
@@ -658,6 +688,30 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
             if graph.give(node, length) and not implicit:
                 found[length].append(node.name)
     return found
+
+
+def _slice_entries(
+    target: Sequence[Dim], data: Sequence[Dim], symbol: str, local: str
+) -> list[int]:
+    """Of a Reshape's ``target``, the entries of the whole length that are the slice's axis:
+    a Reshape keeps the elements' order, so the target's entries holding a length (the whole
+    one or a rank's) are the data's axes holding one, in the same order, where they are as
+    many and no axis holds both; none where that does not tell."""
+
+    def holds(dim: Dim) -> bool:
+        return mentions(dim, symbol) or mentions(dim, local)
+
+    if any(mentions(dim, symbol) and mentions(dim, local) for dim in (*target, *data)):
+        return []
+    entries = [at for at, dim in enumerate(target) if holds(dim)]
+    axes = [dim for dim in data if holds(dim)]
+    if len(entries) != len(axes):
+        return []
+    return [
+        at
+        for at, axis in zip(entries, axes, strict=True)
+        if mentions(axis, local) and mentions(target[at], symbol)
+    ]
 
 
 def _on_rank_dim(dim: Dim, symbol: str) -> Dim:

@@ -82,6 +82,11 @@ SPLIT_BY_DEFAULT = [
     "ts_attention_in_functions",
     "ts_rotary_gqa_in_functions",
     "ts_mlp_in_functions",
+    # transformers 4's masks: a decoder's viewed by two whole lengths, BERT's expanded then
+    # masked_fill-ed (test_transformers4_masks.py).
+    "dynamo_llama_tf4_gqa",
+    "dynamo_gpt2_tf4",
+    "dynamo_bert_tf4",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
 TOP_K = {
