@@ -18,8 +18,10 @@ length, after it a rank's.
 - ``whole_length``: the Gathers that index data every rank holds whole by positions computed
   from lengths (a padding mask gathered at the keys' positions), and the Slices of weights at
   bounds computed from lengths (a position table's rows), compute with the whole length.
-  Their length computations are copied, so that the nodes that need the other length keep the
-  originals; what no node reads any more goes.
+  So do the nodes that compute what the hints scatter, the targets of their Reshapes and
+  Expands too (transformers 4.46 fills the padding into its causal mask by a ScatterND sized by
+  a slice's Shape). Their length computations are copied, so that the nodes that need the
+  other length keep the originals; what no node reads any more goes.
 - ``rank_length``: the Reshapes and Expands of slices whose target holds the whole length on
   the slice's axis (as the shapes on a rank show) get that entry times a rank's length over the
   whole one; inside a layer, a Reshape whose keys' entry holds a rank's length gets it times
@@ -132,6 +134,7 @@ class _LengthGraph:
                     dim, (tensor.name, scattered[tensor.name], tensor.seq_len_idx)
                 )
         self.scattered_sources = set(scattered)
+        self.feeds_scatter = _feeding_scatters(sharded.model.graph.node, self.sliced)
         self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
         self.added: list[protos.NodeProto] = []
         self._copies: dict[tuple[str, str], str] = {}
@@ -161,13 +164,14 @@ class _LengthGraph:
         return {node.name for node in self.nodes if self.wanted(node) == RANK}
 
     def wanted(self, node: protos.NodeProto) -> str | None:
-        """The length ``node`` needs, where it may be given another: WHOLE for a node that
-        reads data but no slice (it computes a whole tensor), for a Slice of a table along the
-        keys that a layer's scores read, and for a reduce-scatter (what it scatters is
-        computed whole); RANK for a Reshape or Expand of a slice, inside a layer of its scores
-        along their queries, and for an Expand of a scattered table of lengths. None for the
-        others: the nodes computing lengths (part of what is given), the rest of the layers'
-        insides, and the nodes whose lengths are as the shard gives them."""
+        """The length ``node`` needs, where it may be given another: WHOLE for an indexing
+        node that reads data but no slice (it computes a whole tensor), for a node computing
+        what the hints scatter (its target too), for a Slice along the keys that a layer's
+        scores read, and for a reduce-scatter (what it scatters is computed whole); RANK for
+        a Reshape or Expand of a slice, inside a layer of its scores along their queries, and
+        for an Expand of a scattered table of lengths. None for the others: the nodes
+        computing lengths (part of what is given), the rest of the layers' insides, and the
+        nodes whose lengths are as the shard gives them."""
         if node.op_type in SHAPE_OPS:
             return None
         reads = [name for name in node.input if name]
@@ -190,9 +194,10 @@ class _LengthGraph:
             # whatever length the shard sizes the broadcast with; unless the hints scatter it,
             # and it is computed whole (GPT-OSS's dynamo export scatters its sinks' column).
             return None if node.output[0] in self.scattered_sources else RANK
-        if node.name in self.key_slices and not sliced:
+        if node.name in self.key_slices:
             # A table sliced along the keys for a layer's scores: the keys are whole there
-            # (TorchScript's MPT slices its ALiBi bias by the length of K before the gather).
+            # (TorchScript's MPT slices its ALiBi bias by the length of K before the gather;
+            # transformers 4 its scattered mask's rows so).
             return WHOLE
         if not any(name in self.data for name in reads):
             if self._table_sliced_by_length(node):
@@ -201,7 +206,11 @@ class _LengthGraph:
         if not sliced:
             # A node of the region that reads no slice (a mask's Expand over the queries,
             # sized by a slice's Shape) runs on slices all the same: as the shard sizes it.
-            if node.name in self.region or node.op_type not in INDEXING_OPS:
+            if node.name in self.region:
+                return None
+            # What the hints scatter is computed whole, its targets too: transformers 4's
+            # ScatterND of the padding into the causal mask, sized by a slice's Shape.
+            if node.op_type not in INDEXING_OPS and node.name not in self.feeds_scatter:
                 return None
             return WHOLE
         return RANK if node.op_type in RESIZING_OPS else None
@@ -230,7 +239,9 @@ class _LengthGraph:
         changed = False
         target = TARGET_INPUT.get(node.op_type)
         for position, name in enumerate(node.input):
-            if not name or name in self.data or position == target:
+            if not name or name in self.data:
+                continue
+            if position == target and node.name not in self.feeds_scatter:
                 continue
             copy = self._copy(name, WHOLE)
             if copy != name:
@@ -687,6 +698,27 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
                 continue
             if graph.give(node, length) and not implicit:
                 found[length].append(node.name)
+    return found
+
+
+def _feeding_scatters(nodes: Iterable[protos.NodeProto], sliced: set[str]) -> set[str]:
+    """The nodes that compute what a reduce-scatter scatters, reading no slice: back from
+    each reduce-scatter to the Shapes, whose lengths are what is given."""
+    producer = {output: node for node in nodes for output in node.output}
+    found: set[str] = set()
+    todo = [
+        node.input[0]
+        for node in nodes
+        if node.op_type == COLLECTIVE_OP and collective_operation(node) == REDUCE_SCATTER
+    ]
+    while todo:
+        node = producer.get(todo.pop())
+        if node is None or node.name in found or node.op_type in SHAPE_OPS:
+            continue
+        if node.op_type == COLLECTIVE_OP or any(name in sliced for name in node.input):
+            continue
+        found.add(node.name)
+        todo.extend(name for name in node.input if name)
     return found
 
 

@@ -87,6 +87,8 @@ SPLIT_BY_DEFAULT = [
     "dynamo_llama_tf4_gqa",
     "dynamo_gpt2_tf4",
     "dynamo_bert_tf4",
+    # transformers 4.46's: the padding ScatterND-ed into the causal mask, computed whole.
+    "ts_llama_tf446_gqa",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
 TOP_K = {

@@ -6,7 +6,10 @@ transformers 4 builds a decoder's mask as ``causal [S, S] And padding [B, 1, S]`
 dynamo_gpt2_tf4.onnx), and BERT's padding mask as an Expand to [B, 1, S, S], then ``1 - mask``
 and a masked_fill's Where (dynamo_bert_tf4.onnx). The extension scatters the causal rows; a
 rank's view of them needs a rank's length at the queries' entry of the view, the first of the
-two whole lengths. test_lengths_real.py verifies the plans at 2 and 4 ranks.
+two whole lengths. transformers 4.46 fills the padding into its causal mask by a ScatterND
+sized by a slice's Shape, and each layer slices the mask along the keys by its K's length
+(ts_llama_tf446_gqa.onnx): the mask, scattered, is computed whole, and the keys are whole.
+test_lengths_real.py verifies the plans at 2 and 4 ranks.
 """
 
 from __future__ import annotations
@@ -93,3 +96,36 @@ def test_a_view_left_at_the_whole_length_is_named_and_not_exact(tmp_path: Path) 
     path = tmp_path / "without.shardcheck.json"
     write_hints(path, without)
     assert not simulate(model, path, ranks=2, seq_len=8).ok
+
+
+def test_the_scattered_mask_is_computed_whole_and_sliced_by_the_whole_keys(
+    tmp_path: Path,
+) -> None:
+    model = REAL / "ts_llama_tf446_gqa.onnx"
+    index = load_index(model)
+    shapes = ShapeInference(index)
+    layers = detect_attention(index, shapes)
+    _, extension = gen_plan(model, tmp_path)
+    assert extension is not None
+    hints = read_hints(extension)
+    assert hints.lengths is not None
+    # The mask the extension scatters along its queries is the ScatterND's output.
+    [scatter] = [
+        node
+        for tensor in hints.inputs
+        if (node := index.producer_of(tensor.name)) is not None and node.op_type == "ScatterND"
+    ]
+    assert scatter.name in hints.lengths.whole
+    # Each layer's mask is a Slice of it along the keys, by the length of that layer's K.
+    key_slices = [index.producer_of(mask) for layer in layers for mask in layer.masks]
+    assert [node.op_type for node in key_slices if node is not None] == ["Slice", "Slice"]
+    for node in key_slices:
+        assert node is not None and node.inputs[0] == scatter.outputs[0]
+        assert node.name in hints.lengths.whole
+    result = simulate(model, extension, ranks=2, seq_len=8, dims={"batch": 2})
+    assert result.ok, result.summary()
+    # Without the whole length, the mask a rank scatters would hold a rank's length already.
+    whole = tuple(name for name in hints.lengths.whole if name != scatter.name)
+    without = hints.with_changes(lengths=replace(hints.lengths, whole=whole))
+    sharded = shard_model(index, without, shapes=shapes, detected=layers, weights=False)
+    assert mixed_lengths(index, shapes, without, sharded) == scatter.name
