@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardcheck.graph.protos import AttributeProto, NodeProto, TensorProto, ValueInfoProto
+from shardcheck.graph.ops import is_default_domain
+from shardcheck.graph.protos import (
+    AttributeProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    ValueInfoProto,
+)
 
 AttributeValue = int | float | str | bytes | TensorProto | Sequence[int]
 
@@ -72,6 +79,31 @@ def int64_tensor(name: str, dims: Sequence[int], values: Sequence[int]) -> Tenso
     tensor.dims.extend(dims)
     tensor.int64_data.extend(values)
     return tensor
+
+
+# The first opset whose Shape takes ``start`` and ``end``.
+SHAPE_BOUNDS_OPSET = 15
+
+
+def onnx_opset(model: ModelProto) -> int:
+    """The version of the ONNX operator set ``model`` imports (the newest, where a model
+    lists it twice)."""
+    versions = [entry.version for entry in model.opset_import if is_default_domain(entry.domain)]
+    return max(versions, default=SHAPE_BOUNDS_OPSET)
+
+
+def dim_nodes(tensor: str, axis: int, output: str, name: str, opset: int) -> list[NodeProto]:
+    """The nodes that compute ``tensor``'s dim ``axis`` as the 1-D ``output``: a Shape of that
+    entry alone, or before opset 15 (TorchScript exports at opset 14), a Shape and a Gather of
+    it."""
+    if opset >= SHAPE_BOUNDS_OPSET:
+        return [make_node("Shape", [tensor], [output], name=name, start=axis, end=axis + 1)]
+    shape, entry = f"{output}/shape", f"{output}/axis"
+    return [
+        make_node("Shape", [tensor], [shape], name=f"{name}/shape"),
+        make_node("Constant", [], [entry], name=entry, value=int64_tensor(entry, [1], [axis])),
+        make_node("Gather", [shape, entry], [output], name=name, axis=0),
+    ]
 
 
 def tensor_value_info(name: str, elem_type: int) -> ValueInfoProto:

@@ -530,11 +530,8 @@ class _LengthGraph:
         known = self._copies.get(key)
         if known is None:
             known = self._new(f"{tensor}/{length}_length_{axis}")
-            self.added.append(
-                build.make_node(
-                    "Shape", [tensor], [known], name=self._new(known), start=axis, end=axis + 1
-                )
-            )
+            opset = build.onnx_opset(self.sharded.model)
+            self.added.extend(build.dim_nodes(tensor, axis, known, self._new(known), opset))
             self._copies[key] = known
         return known
 

@@ -84,7 +84,7 @@ def untraced_model(index: GraphIndex, entries: Mapping[str, TracedEntry]) -> pro
     graph = model.graph
     for name, entry in entries.items():
         node = by_name[name]
-        nodes, target = _entry_nodes(node, entry)
+        nodes, target = _entry_nodes(node, entry, build.onnx_opset(model))
         inserted[node.index] = nodes
         graph.node[node.index].input[1] = target
     kept = list(graph.node)
@@ -95,22 +95,13 @@ def untraced_model(index: GraphIndex, entries: Mapping[str, TracedEntry]) -> pro
     return model
 
 
-def _entry_nodes(node: Node, entry: TracedEntry) -> tuple[list[protos.NodeProto], str]:
+def _entry_nodes(node: Node, entry: TracedEntry, opset: int) -> tuple[list[protos.NodeProto], str]:
     """The nodes that compute ``node``'s target with the traced entry read from its input,
     and the new target's name."""
     prefix = node.name + NAME_PART
     target = node.inputs[1]
     length = f"{prefix}/length"
-    nodes = [
-        build.make_node(
-            "Shape",
-            [node.inputs[0]],
-            [length],
-            name=f"{prefix}/Shape",
-            start=entry.input_axis,
-            end=entry.input_axis + 1,
-        )
-    ]
+    nodes = build.dim_nodes(node.inputs[0], entry.input_axis, length, f"{prefix}/Shape", opset)
     if entry.factor != 1:
         factor = f"{prefix}/factor"
         nodes.append(_constant(factor, [entry.factor]))

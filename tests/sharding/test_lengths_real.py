@@ -89,6 +89,8 @@ SPLIT_BY_DEFAULT = [
     "dynamo_bert_tf4",
     # transformers 4.46's: the padding ScatterND-ed into the causal mask, computed whole.
     "ts_llama_tf446_gqa",
+    # Opset 14: each length read is a Shape and a Gather (test_opset14.py).
+    "ts_stablelm_opset14",
 ]
 # The mixtures of experts among them: each token's experts (top 2) run on its rank's slice.
 TOP_K = {
