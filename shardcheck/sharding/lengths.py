@@ -659,18 +659,12 @@ def _reshapes_lengths(on_rank: ShapeInference, node: Node, symbols: list[str]) -
     if data is None or target is None or any(entry in (0, -1) for entry in target):
         return False
     for symbol in symbols:
-        local = symbol + ON_RANK
-        counts = []
-        for dims in (data, target):
-            counts.append(
-                (
-                    sum(mentions(dim, symbol) for dim in dims),
-                    sum(mentions(dim, local) for dim in dims),
-                )
-            )
+        lengths = (symbol, symbol + ON_RANK)
+        before = [sum(mentions(dim, length) for dim in data) for length in lengths]
+        after = [sum(mentions(dim, length) for dim in target) for length in lengths]
         # As many entries of a length on both sides, not split alike: an entry the shapes
         # cannot name (where the totals differ) tells nothing.
-        if sum(counts[0]) == sum(counts[1]) and counts[0] != counts[1]:
+        if sum(before) == sum(after) and before != after:
             return True
     return False
 
