@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from shardcheck.analysis.einsum import node_equation
 from shardcheck.analysis.index_grid import identity_along
+from shardcheck.analysis.selections import is_selected_count, selected_by
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import Size, size_of
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
@@ -116,6 +117,10 @@ class AxisMapper:
             # mask of each token's chosen groups), where the indices span the data's axis.
             if node.attr("axis", 0) % out_rank == out_axis:
                 if op == "ScatterElements":
+                    # Rows written back at the sequence positions a NonZero selects
+                    # (TorchScript's index_add_ of an expert's output at its tokens).
+                    if self._selected_axis(node, out_axis + 1) == out_axis:
+                        return [(name, out_axis) for name in node.inputs]
                     return None
                 # Along the axis it indexes, each element is the data's at its own index's
                 # value: the indices' axis, the data read whole (DeBERTa's relative scores,
@@ -125,6 +130,13 @@ class AxisMapper:
             if len(dims) != 1 or None in dims:
                 return None
             return [(name, out_axis) for name in node.inputs]
+        if op == "NonZero":
+            # Its coordinates [rank, count]: the count runs along the selected positions of
+            # the input's one sequence axis (selections.py); the other axis is new.
+            if out_axis != 1:
+                return None
+            axis = self._sequence_axis(node.inputs[0])
+            return None if axis is None else [(node.inputs[0], axis)]
         if op == "TopK":
             # Values and indices alike: each row of the axis it selects along is its own
             # (a mixture of experts picks each token's experts among its own scores).
@@ -155,6 +167,13 @@ class AxisMapper:
             return self._aligned(node.inputs, out_axis, out_rank)
         if op == "Expand":
             return self._aligned(node.inputs[:1], out_axis, out_rank)
+        if op == "ConstantOfShape":
+            # Filled to the whole shape of a tensor (zeros the size of the experts' input):
+            # as long as that tensor along each of its axes.
+            shape = self.index.producer_of(node.inputs[0])
+            if shape is None or shape.op_type != "Shape" or shape.attr("start", 0) != 0:
+                return None
+            return None if shape.attr("end") is not None else [(shape.inputs[0], out_axis)]
         if op == "Tile":
             # Repeats computed from shapes count too (a mixture of experts' [1, k, 1]).
             repeats = self.shapes.value(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -275,6 +294,10 @@ class AxisMapper:
         if out_axis < axis:
             return [(node.inputs[0], out_axis)]
         if out_axis < axis + index_rank:
+            # Rows picked at the sequence positions a NonZero selects (TorchScript's experts
+            # take their tokens so): the data's sequence axis too, each row its own token's.
+            if index_rank == 1 and self._selected_axis(node, axis + 1) == axis:
+                return [(node.inputs[1], 0), (node.inputs[0], axis)]
             return [(node.inputs[1], out_axis - axis)]
         return [(node.inputs[0], out_axis - index_rank + 1)]
 
@@ -289,6 +312,12 @@ class AxisMapper:
         if node.attr("batch_dims", 0) or not indices:
             return None
         if out_axis < len(indices) - 1:
+            # Rows of the data picked at the sequence positions a NonZero selects (an
+            # expert's tokens): the data's sequence axis too, each row its own token's.
+            indexed = indices[-1]
+            picked = self._selected_axis(node, indexed) if isinstance(indexed, int) else None
+            if picked is not None and len(indices) == 2:
+                return [(node.inputs[1], out_axis), (node.inputs[0], picked)]
             return [(node.inputs[1], out_axis)]
         indexed = indices[-1]
         if not isinstance(indexed, int):
@@ -310,8 +339,33 @@ class AxisMapper:
             # are no input of the axis: a rank builds them from its slice's length.
             if identity_along(self.shapes, node, out_axis):
                 return [(node.inputs[0], out_axis), (node.inputs[2], out_axis)]
+            # Rows written back at the sequence positions a NonZero selects (an expert's
+            # output added at its tokens' rows): each row is its own token's.
+            if len(indices) == 2 and self._selected_axis(node, indexed) == out_axis:
+                return [(node.inputs[0], out_axis), (node.inputs[1], 0), (node.inputs[2], 0)]
             return None
         return [(node.inputs[0], out_axis), (node.inputs[2], len(indices) - 1 + out_axis - indexed)]
+
+    def _sequence_axis(self, tensor: str) -> int | None:
+        """The one axis of ``tensor`` that carries a sequence, if exactly one does."""
+        shape = self.shapes.shape(tensor)
+        if shape is None:
+            return None
+        axes = [axis for axis, dim in enumerate(shape) if carries_any(dim, self.sequences)]
+        return axes[0] if len(axes) == 1 else None
+
+    def _selected_axis(self, node: Node, indexed: int) -> int | None:
+        """For a GatherND or ScatterND whose indices are a NonZero's coordinates of a tensor
+        with one sequence axis (selections.py): the data's axis among the ``indexed`` first
+        that carries a sequence, where exactly one does."""
+        axis = self._sequence_axis(node.inputs[0])
+        if axis is None or axis >= indexed:
+            return None
+        nonzeros = selected_by(self.shapes, node.inputs[1])
+        masks = [self.index.nodes[at].inputs[0] for at in nonzeros]
+        if not masks or any(self._sequence_axis(mask) is None for mask in masks):
+            return None
+        return axis
 
     def _reshape(self, node: Node, out_axis: int) -> AxisList | None:
         source = self.shapes.shape(node.inputs[0])
@@ -319,6 +373,10 @@ class AxisMapper:
         if source is None or target is None:
             return None
         seq = next((dim for dim in self.sequences if carries(target[out_axis], dim)), None)
+        if seq is None and is_selected_count(target[out_axis]):
+            # The count of the tokens a NonZero selects: its block is followed as a
+            # sequence's is.
+            seq = target[out_axis]
         if seq is None:
             return None
         if isinstance(seq, int) and len(node.inputs) > 1:

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from shardcheck.analysis.shapes import ShapeInference
 
 _EXTERNAL = protos.TensorProto.EXTERNAL
+# The symbol of a NonZero's count, the node's index appended.
+SELECTED_COUNT = "selected_"
 
 
 def apply_rule(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
@@ -225,6 +227,12 @@ def _rank_only(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
 def _shape_op(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
     dims = shape[slice(node.attr("start", 0), node.attr("end", len(shape)))]
     return [TensorInfo((len(dims),), tuple(dims))]
+
+
+def _non_zero(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
+    # The count of what it selects depends on the data: a symbol of its own, so that the
+    # rows it selects (an expert's tokens, selections.py) can be followed through reshapes.
+    return [TensorInfo((len(shape), f"{SELECTED_COUNT}{node.index}"))]
 
 
 def _size(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
@@ -568,6 +576,7 @@ _KNOWN_INPUT_RULES: dict[
 ] = {
     "Shape": _shape_op,
     "Size": _size,
+    "NonZero": _non_zero,
     "Transpose": _transpose,
     "Reshape": _reshape,
     "Unsqueeze": _unsqueeze,
@@ -592,3 +601,6 @@ _KNOWN_INPUT_RULES: dict[
 }
 # The ops with a rule: any other gives unknown shapes.
 RULE_OPS = ELEMENTWISE | _SAME_SHAPE | _ANY_INPUT_RULES.keys() | _KNOWN_INPUT_RULES.keys()
+# The ops whose rule names a symbol after the node itself: two such nodes on the same inputs
+# give different results, so neither can stand for the other.
+NODE_NAMED_RULE_OPS = frozenset({"NonZero"})

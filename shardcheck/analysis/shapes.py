@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from shardcheck.analysis.shape_rules import RULE_OPS, apply_rule
+from shardcheck.analysis.shape_rules import NODE_NAMED_RULE_OPS, RULE_OPS, apply_rule
 from shardcheck.analysis.tensor_info import (
     MAX_VALUE_ELEMENTS,
     UNKNOWN,
@@ -138,9 +138,9 @@ class ShapeInference:
         constant's values from its info). A transformer's layers repeat the same nodes on the
         same shapes: each rule runs once per distinct key. None where the rule has to run: an
         op without a rule, a large tensor attribute (serializing it would cost more than the
-        rule), an input whose data the rule may read by name."""
+        rule), an input whose data the rule may read by name, a rule that names its node."""
         op = node.op_type
-        if op not in RULE_OPS:
+        if op not in RULE_OPS or op in NODE_NAMED_RULE_OPS:
             return None
         proto = node.proto
         if op in _TENSOR_ATTRIBUTE_OPS and proto.ByteSize() > MAX_MEMO_NODE_BYTES:

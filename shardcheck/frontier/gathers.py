@@ -78,7 +78,7 @@ def walk_forward(
         users = 0
         for consumer_index in consumers.get(tensor, ()):
             consumer = all_nodes[consumer_index]
-            if consumer.op_type in SHAPE_OPS:
+            if consumer.op_type in SHAPE_OPS or index.read_for_shape(consumer):
                 continue
             users += 1
             out_axis = output_axis(consumer, tensor, axis)

@@ -78,7 +78,11 @@ class BackWalk:
             if (
                 producer_index < 0
                 or whole_flags[tensor]
-                or (not derived[tensor] and not self._broadcasts_a_table(producer_index, axis))
+                or (
+                    not derived[tensor]
+                    and not self._broadcasts_a_table(producer_index, axis)
+                    and not self._filled_like(producer_index)
+                )
             ):
                 cut[tensor] = axis
                 continue
@@ -120,6 +124,22 @@ class BackWalk:
             in_region,
             list(cut),
             read_beside,
+        )
+
+    def _filled_like(self, producer: int) -> bool:
+        """Whether ``producer`` is a ConstantOfShape of a tensor's whole Shape (the zeros
+        TorchScript's experts add their outputs into, the size of the zeros before): on a
+        rank it is the size of what the rank holds of that tensor, which the walk reaches
+        through it (axes.py), instead of a cut computed whole and scattered."""
+        node = self.index.nodes[producer]
+        if node.op_type != "ConstantOfShape":
+            return False
+        shape = self.index.producer_of(node.inputs[0])
+        return (
+            shape is not None
+            and shape.op_type == "Shape"
+            and shape.attr("start", 0) == 0
+            and shape.attr("end") is None
         )
 
     def _broadcasts_a_table(self, producer: int, axis: int) -> bool:

@@ -195,6 +195,7 @@ def read_by_mixing(
             node.index not in region_nodes
             and node.index not in inside_layers
             and node.op_type not in SHAPE_OPS
+            and not index.read_for_shape(node)
         )
 
     # (a node beside the walk, the tensor it reads, that tensor's axis, the region tensor it

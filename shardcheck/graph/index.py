@@ -223,6 +223,13 @@ class GraphIndex:
     def consumers_of(self, tensor: str) -> list[Node]:
         return [self.nodes[i] for i in self.consumers.get(tensor, ())]
 
+    def read_for_shape(self, node: Node) -> bool:
+        """Whether only Shapes read what ``node`` computes: its values go nowhere, its shape
+        does, as a length read does (TorchScript's index_add_ reads the Shape of a row it
+        Slices off the sum of the experts' outputs)."""
+        readers = [reader for output in node.outputs for reader in self.consumers_of(output)]
+        return bool(readers) and all(reader.op_type in SHAPE_OPS for reader in readers)
+
     def computed_from(
         self,
         starts: Iterable[str],

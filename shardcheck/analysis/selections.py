@@ -1,0 +1,96 @@
+"""Positions a mixture of experts picks by NonZero: each expert's tokens, read and written back.
+
+transformers 4's experts loop over every expert: ``torch.where`` of the expert's column of the
+routing mask (a NonZero) gives the tokens routed to it, a GatherND reads their rows of the
+flattened hidden states, the expert's MLP runs on those rows, and a ScatterND (``index_add_``)
+adds its output back at the same rows. Every row is its own token's, so on a rank the loop runs
+on the rank's tokens: the mask is its slice's, the NonZero gives positions in that slice, the
+rows read and written are its own. The selected rows are no slice of the single device's (their
+count is data-dependent, their order the NonZero's), but what the ScatterND writes back is.
+
+Along such a selection the walk carries the sequence as along any axis: ``selected_by`` tells
+which NonZero an index tensor's entries come from, so that the axis rules read a GatherND or
+ScatterND by such indices as position-wise.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shardcheck.analysis.shape_rules import SELECTED_COUNT
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.graph.index import Dim
+
+# The dynamo exporter names a data-dependent size (an unbacked symbol of torch.export) so.
+_UNBACKED = re.compile(r"u[0-9]+")
+
+# Ops that move a NonZero's coordinates into an index tensor without changing them (past the
+# first operand: axes, starts, ends, a target shape).
+_COORDINATE_CARRIERS = frozenset(
+    ["Transpose", "Slice", "Split", "Squeeze", "Unsqueeze", "Cast", "Identity", "Reshape", "Expand"]
+)
+# Ops that combine coordinates, with each other or with sizes: a Concat of the coordinates of
+# several axes, the row of the flattened axes (TorchScript indexes an expert's routing weights
+# at token * k + slot).
+_COORDINATE_COMBINERS = frozenset(["Concat", "Add", "Mul"])
+# Ops that compute a size from shapes and constants.
+_SIZE_OPS = frozenset(
+    ["Gather", "Unsqueeze", "Squeeze", "Cast", "Concat", "Reshape", "Slice", "Add", "Mul"]
+)
+
+
+def is_selected_count(dim: Dim) -> bool:
+    """Whether ``dim`` is the count of what a NonZero selects: as the shapes name it
+    (shape_rules.py), or as the dynamo exporter declares it."""
+    return isinstance(dim, str) and (
+        dim.startswith(SELECTED_COUNT) or _UNBACKED.fullmatch(dim) is not None
+    )
+
+
+def selected_by(shapes: ShapeInference, indices: str) -> set[int]:
+    """The NonZero nodes (indices in the graph) whose coordinates ``indices`` holds, moved
+    unchanged or combined with each other and with sizes, where every entry comes from one;
+    empty where any comes from other data."""
+    index = shapes.index
+    found: set[int] = set()
+    stack, seen = [indices], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        at = index.producer.get(name)
+        node = None if at is None else index.nodes[at]
+        if node is None:
+            return set()
+        if node.op_type == "NonZero":
+            found.add(at)
+        elif node.op_type in _COORDINATE_CARRIERS:
+            stack.append(node.inputs[0])
+        elif node.op_type in _COORDINATE_COMBINERS:
+            stack.extend(name for name in node.inputs if name and not _is_size(shapes, name))
+        else:
+            return set()
+    return found
+
+
+def _is_size(shapes: ShapeInference, tensor: str) -> bool:
+    """Whether ``tensor`` is computed from shapes and constants alone."""
+    index = shapes.index
+    stack, seen = [tensor], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in index.initializers:
+            continue
+        node = index.producer_of(name)
+        if node is None:
+            return False
+        if node.op_type in ("Shape", "Constant"):
+            continue
+        if node.op_type not in _SIZE_OPS:
+            return False
+        stack.extend(node.inputs)
+    return True
