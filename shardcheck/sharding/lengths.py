@@ -44,7 +44,7 @@ import heapq
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.layer_insides import key_slices, mask_broadcasts, query_axes
@@ -384,7 +384,7 @@ class _LengthGraph:
             model.graph.value_info.extend(kept)
             index = GraphIndex(model, source="<the multi-device model>")
             rules = dict.fromkeys(RESIZING_OPS, self._resized)
-            rules[COLLECTIVE_OP] = _collective_on_rank
+            rules[COLLECTIVE_OP] = partial(_collective_on_rank, tuple(self.references))
             self._on_rank = ShapeInference(index, rules)
         return self._on_rank
 
@@ -773,7 +773,13 @@ def _copied(node: protos.NodeProto) -> protos.NodeProto:
     return copy
 
 
-def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
+def _collective_on_rank(
+    symbols: tuple[str, ...], shapes: ShapeInference, node: Node
+) -> list[TensorInfo] | None:
+    """A collective's output on a rank, along its axis 0: a reduce-scatter's has a rank's
+    length, an all-gather's the whole one. A length merged with others (the flattened tokens
+    [batch*sequence, hidden] of transformers 4's experts) is a rank's where it is the one
+    length of ``symbols`` in it."""
     shape = shapes.input_info(node, 0).shape
     if not shape:
         return [UNKNOWN]
@@ -784,7 +790,11 @@ def _collective_on_rank(shapes: ShapeInference, node: Node) -> list[TensorInfo] 
         # where the model as sharded sizes it by a slice (DeBERTa's relative positions).
         shape = tuple(dim.replace(ON_RANK, "") if isinstance(dim, str) else dim for dim in shape)
         first = shape[0]
-        first = first + ON_RANK if isinstance(first, str) and is_name(first) else None
+        merged = [symbol for symbol in symbols if is_name(symbol) and mentions(first, symbol)]
+        if isinstance(first, str) and is_name(first):
+            first = first + ON_RANK
+        else:
+            first = _on_rank_dim(first, merged[0]) if len(merged) == 1 else None
     elif operation == ALL_GATHER:
         local = isinstance(first, str) and first.endswith(ON_RANK)
         first = first[: -len(ON_RANK)] if local else None  # type: ignore[index]
