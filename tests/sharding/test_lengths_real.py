@@ -89,6 +89,9 @@ SPLIT_BY_DEFAULT = [
     "dynamo_bert_tf4",
     # transformers 4.46's: the padding ScatterND-ed into the causal mask, computed whole.
     "ts_llama_tf446_gqa",
+    # transformers 4's experts loop: each expert's tokens picked by NonZero (test_moe_loop.py).
+    "ts_olmoe_tf4_moe",
+    "dynamo_olmoe_tf4_moe",
     # Opset 14: each length read is a Shape and a Gather (test_opset14.py).
     "ts_stablelm_opset14",
 ]

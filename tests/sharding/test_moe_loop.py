@@ -1,0 +1,89 @@
+"""transformers 4's experts loop on the ranks' tokens (analysis/selections.py; issue 27).
+
+Each expert takes its tokens by a NonZero of its column of the routing mask, reads their rows
+of the flattened tokens (TorchScript: a Gather; dynamo: a GatherND) and adds its output back at
+them (a ScatterElements or a ScatterND). On a rank the loop runs on the rank's own tokens: the
+rows an expert reads on the ranks together are the rows it reads on one device, each read once.
+test_lengths_real.py verifies the default plans at 2 and 4 ranks, batch 1 and 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES, gen_plan
+
+from shardcheck import load_index, simulate
+from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.graph.index import GraphIndex, Node
+from shardcheck.hints.files import read_hints
+from shardcheck.runtime.sessions import run_model
+from shardcheck.sharding.rewrite import shard_model
+from shardcheck.simulation.plan import untyped_output
+from shardcheck.simulation.simulator import RankSimulator
+
+REAL = FIXTURES / "real"
+VOCAB, HIDDEN = 64, 32  # fixtures/build_real_exports.py's
+EXPORTS = ["ts_olmoe_tf4_moe", "dynamo_olmoe_tf4_moe"]
+
+
+def _from_non_zero(index: GraphIndex, tensor: str, depth: int = 8) -> bool:
+    node = index.producer_of(tensor)
+    if node is None or depth == 0:
+        return False
+    return node.op_type == "NonZero" or any(
+        _from_non_zero(index, name, depth - 1) for name in node.inputs if name
+    )
+
+
+def _experts_rows(index: GraphIndex) -> list[tuple[Node, int]]:
+    """Each Gather or GatherND that reads an expert's tokens out of the flattened hidden
+    states (data of 32 features, indices from a NonZero), with the axis of its rows."""
+    shapes = ShapeInference(index)
+    found = []
+    for node in index.nodes:
+        if node.op_type not in ("Gather", "GatherND") or not _from_non_zero(index, node.inputs[1]):
+            continue
+        data = shapes.shape(node.inputs[0])
+        if not data or data[-1] != HIDDEN:
+            continue  # the routing weights' picks, not the tokens
+        found.append((node, node.attr("axis", 0) if node.op_type == "Gather" else 0))
+    return found
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_each_expert_reads_its_tokens_on_the_ranks_once(name: str, tmp_path: Path) -> None:
+    model = REAL / f"{name}.onnx"
+    index = load_index(model)
+    rows = _experts_rows(index)
+    assert len(rows) == 8  # 4 experts in each of 2 layers
+    _, extension = gen_plan(model, tmp_path)
+    assert extension is not None
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": rng.integers(3, VOCAB, (2, 16), dtype=np.int64),
+        "attention_mask": np.ones((2, 16), dtype=np.int64),
+    }
+    outputs = [node.outputs[0] for node, _ in rows]
+    whole_model = onnx.load(model)
+    whole_model.graph.output.extend(untyped_output(name) for name in outputs)
+    whole = run_model(whole_model, feeds, outputs)
+    sharded = shard_model(index, read_hints(extension))
+    per_rank = RankSimulator(sharded, index.model, 2).run(feeds, diagnostic=True).per_rank
+    for (node, axis), output in zip(rows, outputs, strict=True):
+        counts = [values[output].shape[axis] for values in per_rank]
+        # Every token of the batch routed to this expert, on one rank or the other.
+        assert sum(counts) == whole[output].shape[axis], node.name
+        assert max(counts) < whole[output].shape[axis], node.name
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_the_default_plan_is_exact_at_batch_2(name: str, tmp_path: Path) -> None:
+    model = REAL / f"{name}.onnx"
+    _, extension = gen_plan(model, tmp_path)
+    assert extension is not None
+    result = simulate(model, extension, ranks=2, seq_len=8, dims={"batch": 2})
+    assert result.ok, result.summary()
