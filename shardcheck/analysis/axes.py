@@ -109,6 +109,8 @@ class AxisMapper:
             return self._gather(node, out_axis)
         if op == "GatherND":
             return self._gather_nd(node, out_axis)
+        if op == "RotaryEmbedding":
+            return self._rotary(node, out_axis, out_rank)
         if op == "ScatterND":
             return self._scatter_nd(node, out_axis)
         if op in ("GatherElements", "ScatterElements"):
@@ -263,6 +265,25 @@ class AxisMapper:
             if axis >= 0 and shape[axis] != 1:
                 result.append((name, axis))
         return result
+
+    def _rotary(self, node: Node, out_axis: int, out_rank: int) -> AxisList:
+        """ONNX RotaryEmbedding (opset 23): its output has the shape of its input X,
+        [batch, heads, S, head] or [batch, S, hidden], each position rotated by its own row
+        of cos and sin: of cos_cache and sin_cache [batch, S, rotary / 2], or, with
+        position_ids [batch, S], of those tables at the positions they give (each row read
+        whole). Along heads and features X alone holds the axis."""
+        axes: AxisList = [(node.inputs[0], out_axis)]
+        if out_axis == out_rank - 1 or (out_rank == 4 and out_axis == 1):
+            return axes
+        along = 0 if out_axis == 0 else 1
+        inputs = node.inputs
+        position_ids = inputs[3] if len(inputs) > 3 and inputs[3] else None
+        for name in [position_ids] if position_ids else [name for name in inputs[1:3] if name]:
+            shape = self.shapes.shape(name)
+            # A table of one batch row broadcasts over the batch.
+            if shape is not None and along < len(shape) and shape[along] != 1:
+                axes.append((name, along))
+        return axes
 
     def _matmul(self, node: Node, out_axis: int, out_rank: int) -> AxisList | None:
         a_rank = self.shapes.rank(node.inputs[0])

@@ -26,10 +26,10 @@ _AS_FIRST_INPUT = REDUCTIONS | frozenset(
     Floor Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool HardSigmoid
     HardSwish Hardmax Identity InstanceNormalization LRN LayerNormalization LeakyRelu Log
     LogSoftmax LpNormalization MatMul Max MaxPool Mean Min Mish Mod Mul Neg PRelu Pad Pow Range
-    Reciprocal Relu Reshape Resize ReverseSequence RMSNormalization Round ScatterElements
-    ScatterND Selu Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign SpaceToDepth
-    Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile Transpose Trilu Unsqueeze
-    Upsample""".split()
+    Reciprocal Relu Reshape Resize ReverseSequence RMSNormalization RotaryEmbedding Round
+    ScatterElements ScatterND Selu Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign
+    SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile Transpose Trilu
+    Unsqueeze Upsample""".split()
 )
 # Only the first output has the first input's type; the others are statistics or masks.
 _FIRST_OUTPUT_ONLY = frozenset(

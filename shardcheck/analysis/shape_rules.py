@@ -561,7 +561,7 @@ def _tile(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
 # Ops whose first output has their first input's shape (a scatter writes into a copy of its
 # data; an EyeLike is the identity matrix of its input's shape: XLNet's relative shift).
 _SAME_SHAPE = NORMALISATIONS | frozenset(
-    ["CumSum", "ScatterND", "ScatterElements", "Scatter", "EyeLike"]
+    ["CumSum", "ScatterND", "ScatterElements", "Scatter", "EyeLike", "RotaryEmbedding"]
 )
 _ANY_INPUT_RULES: dict[str, Callable[[ShapeInference, Node], list[TensorInfo] | None]] = {
     "Constant": _constant,
