@@ -19,7 +19,7 @@ import re
 
 from shardcheck.analysis.shape_rules import SELECTED_COUNT
 from shardcheck.analysis.shapes import ShapeInference
-from shardcheck.graph.index import Dim
+from shardcheck.graph.index import Dim, Node
 
 # The dynamo exporter names a data-dependent size (an unbacked symbol of torch.export) so.
 _UNBACKED = re.compile(r"u[0-9]+")
@@ -94,3 +94,67 @@ def _is_size(shapes: ShapeInference, tensor: str) -> bool:
             return False
         stack.extend(node.inputs)
     return True
+
+
+def baked_counts(shapes: ShapeInference) -> list[tuple[Node, Node]]:
+    """Each (Split, NonZero) where the Split cuts the NonZero's count into parts of fixed sizes:
+    a TorchScript trace of a loop over what a NonZero lists (the experts its example hit,
+    ``for expert in expert_hit``) keeps the count it saw. At inputs that select another count
+    the Split fails, and a rank's slice of the tokens selects its own. Splitting a NonZero's
+    coordinates apart (its axis of the input's rank) bakes nothing."""
+    index = shapes.index
+    found = []
+    for node in index.nodes:
+        if node.op_type != "Split" or not node.inputs:
+            continue
+        shape = shapes.shape(node.inputs[0])
+        axis = node.attr("axis", 0)
+        if shape is None or not -len(shape) <= axis < len(shape):
+            continue
+        if not is_selected_count(shape[axis]):
+            continue
+        for at in sorted(selected_by(shapes, node.inputs[0])):
+            found.append((node, index.nodes[at]))
+            break
+    return found
+
+
+def describe_baked(shapes: ShapeInference, found: list[tuple[Node, Node]]) -> str:
+    """What ``baked_counts`` found, for a message: the first Split and NonZero, what they
+    list (the experts, where a router's TopK picks them), why it matters and what to do."""
+    split, nonzero = found[0]
+    parts = len([name for name in split.outputs if name])
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    if _routed(shapes, nonzero):
+        what = f"the {parts} experts its example routed tokens to"
+        then = (
+            "so the experts run whole on every rank. Export the experts batched "
+            '(transformers 5\'s experts_implementation="batched_mm"), whose dispatch is '
+            "followed token by token"
+        )
+    else:
+        what = f"the {parts} entries its example selected"
+        then = "so what follows runs whole on every rank"
+    return (
+        f"the trace fixed the count of NonZero {nonzero.label}: Split {split.label}{more} "
+        f"cuts it into {parts} parts, {what}; at inputs that select another count the model "
+        f"fails, and a rank's slice of the tokens selects its own, {then}"
+    )
+
+
+def _routed(shapes: ShapeInference, node: Node) -> bool:
+    """Whether ``node`` is computed from a TopK (a router's picks)."""
+    index = shapes.index
+    stack, seen = list(node.inputs), set()
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        producer = index.producer_of(name)
+        if producer is None:
+            continue
+        if producer.op_type == "TopK":
+            return True
+        stack.extend(producer.inputs)
+    return False

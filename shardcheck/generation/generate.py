@@ -59,6 +59,7 @@ def generate_detected(index: GraphIndex, options: GenOptions) -> GenResult:
     warnings.extend(messages.overridden_axes(index, layers, options))
     warnings.extend(messages.fixed_length(index, shapes, layers))
     warnings.extend(messages.shapeless_masks(index, shapes, layers))
+    warnings.extend(messages.baked_selections(index, shapes))
 
     inputs: tuple[ShardTensor, ...] = ()
     outputs: tuple[ShardTensor, ...] = ()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, axis_dim, sequence_dim
 from shardcheck.analysis.hidden import describe, hidden_attention, what_to_do
+from shardcheck.analysis.selections import baked_counts, describe_baked
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.generation.options import GenOptions
 from shardcheck.graph.index import GraphIndex
@@ -246,6 +247,14 @@ def fixed_length(
             f"--seq-lens {length},{2 * length}{own_lengths}'",
         )
     ]
+
+
+def baked_selections(index: GraphIndex, shapes: ShapeInference) -> list[str]:
+    """SC003 where a trace fixed how many entries a NonZero lists (selections.py)."""
+    found = baked_counts(shapes)
+    if not found:
+        return []
+    return [Warned("SC003", f"{index.source}: {describe_baked(shapes, found)}")]
 
 
 def shapeless_masks(

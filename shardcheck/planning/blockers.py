@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shardcheck.analysis.axes import AxisMapper, carries_any
+from shardcheck.analysis.selections import baked_counts, describe_baked
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.search import data_derived
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
@@ -145,6 +146,20 @@ def unfollowed(
             _unfollowed_fix(stop, experts and routed),
         )
     ]
+
+
+def baked_selection(shapes: ShapeInference, whole_projections: Iterable[Node]) -> list[Blocker]:
+    """A count of a NonZero that the trace fixed (selections.py), where projections run
+    whole: a rank's slice would select its own count, so what the selection feeds cannot run
+    on slices (a TorchScript trace's loop over the experts its example hit)."""
+    if not any(True for _ in whole_projections):
+        return []
+    found = baked_counts(shapes)
+    if not found:
+        return []
+    split, _ = found[0]
+    what, _, fix = describe_baked(shapes, found).partition("; ")
+    return [Blocker(what, split.inputs[0], split.label, fix)]
 
 
 def unfollowed_back(

@@ -16,7 +16,13 @@ from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex
 from shardcheck.hints.model import ShardHints
 from shardcheck.planning.activations import peak_bytes, tensor_bytes
-from shardcheck.planning.blockers import Blocker, find_blockers, unfollowed, unfollowed_back
+from shardcheck.planning.blockers import (
+    Blocker,
+    baked_selection,
+    find_blockers,
+    unfollowed,
+    unfollowed_back,
+)
 from shardcheck.planning.flop_count import DEFAULT_RANKS, FlopCount, count_with_shapes
 from shardcheck.planning.flops import node_flops
 from shardcheck.planning.rank_shapes import RankShapes
@@ -89,6 +95,7 @@ def make_plan(
     blockers = find_blockers(
         index, whole_projections, sliced_tensors.__contains__, scattered, shapes.shape, sequences
     )
+    blockers += baked_selection(shapes, whole_projections)
     gathered = [(c.tensor, c.axis) for c in moved if c.role == "gather output"]
     resliced = set(scattered).union(sliced_tensors).__contains__
     blockers += unfollowed(index, shapes, sequences, gathered, whole_projections, resliced)

@@ -24,6 +24,7 @@ LEVELS = (ERROR, WARNING, INFO)
 CODES = {
     "SC001": "model does not run",
     "SC002": "model runs only at its traced sequence length",
+    "SC003": "count of a selection fixed by the trace",
     "SC101": "sequence axis mismatch",
     "SC102": "tensor not in model",
     "SC103": "index out of rank",

@@ -8,6 +8,7 @@ from collections import deque
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.analysis.fusion import pattern1_layers
 from shardcheck.analysis.hidden import describe, hidden_attention, what_to_do
+from shardcheck.analysis.selections import baked_counts, describe_baked
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import BATCH_LIKE
 from shardcheck.graph.index import GraphIndex
@@ -55,6 +56,18 @@ def check_static(
             f"To shard it, {what_to_do(hidden)}",
             expected="attention in the main graph",
             observed=counted(len(hidden), "place"),
+        )
+    baked = baked_counts(shapes)
+    if baked:
+        split, nonzero = baked[0]
+        report.add(
+            "SC003",
+            WARNING,
+            "model",
+            describe_baked(shapes, baked),
+            tensor=nonzero.outputs[0],
+            expected="a count known at run time",
+            observed=f"Split {split.label} into {len(split.outputs)}",
         )
     if not hints.inputs:
         report.add(
