@@ -30,6 +30,8 @@ SHARDABLE = sorted(
     and any(axis is not None for axis in truth["inputs"].values())
     and "no_exact_hints" not in truth
     and "attention_in_functions" not in truth
+    # It fails on one device at inputs that select other experts (SC003): not at every seed.
+    and "fails_where_selections_differ" not in truth
 )
 # Models whose layers are in model-local functions, which no hint can name: what gen and
 # verify say of them is in tests/analysis/test_hidden.py.
@@ -109,7 +111,12 @@ def test_default_hints_make_cp_exact(name: str, ranks: int, tmp_path: Path) -> N
     assert result.ok, result.summary()
 
 
-@pytest.mark.parametrize("name", SHARDABLE)
+# onnxruntime runs some at batch 1 only (TRUTH.json's batches: an opset 23 RotaryEmbedding's
+# tables of one batch row).
+AT_BATCH_2 = [name for name in SHARDABLE if 2 in TRUTH[name].get("batches", (1, 2))]
+
+
+@pytest.mark.parametrize("name", AT_BATCH_2)
 def test_default_hints_make_cp_exact_at_batch_2(name: str, tmp_path: Path) -> None:
     # verify and simulate run at batch 1 unless told: a cut along a merged batch*sequence axis
     # (the dynamo exporter's GPT-2 flattens its tokens) was exact there only.
