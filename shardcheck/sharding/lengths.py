@@ -460,17 +460,25 @@ class _LengthGraph:
             return node.output[0]
         start, end = _bounds(node, len(shape))
         given = RANK if read in self.sliced else WHOLE
+        # A tensor computed whole from what a rank_length node resized holds a rank's length
+        # there (ModernBERT's global mask expanded over a rank's queries, whose Shape sizes
+        # the sliding window's positions).
+        on_rank = self.on_rank().shape(read) if given == WHOLE and self.resizing else None
         pieces: list[str] = []
         changed = False
         for axis in range(start, end):
             dim = shape[axis]
             reference = self.references.get(dim) if isinstance(dim, str) else None
-            if reference is not None and given != length:
+            here = given
+            if on_rank is not None and axis < len(on_rank) and isinstance(dim, str):
+                if mentions(on_rank[axis], dim + ON_RANK):
+                    here = RANK
+            if reference is not None and here != length:
                 product = None if dim in self.from_data else self._product(dim, length)
                 pieces.append(product or self._read(reference, length))
                 changed = True
             else:
-                pieces.append(self._dim(read, axis, given))
+                pieces.append(self._dim(read, axis, here))
         if not changed:
             return node.output[0]
         if len(pieces) == 1:
