@@ -20,6 +20,7 @@ from pathlib import Path
 
 import onnx
 from conftest import FIXTURES, run_cli
+from graph_reads import shapes_read
 
 from shardcheck import GenOptions, generate, load_index, simulate
 from shardcheck.analysis.detect import detect_attention
@@ -36,23 +37,6 @@ PHIMOE = FIXTURES / "real" / "dynamo_phimoe_tiny.onnx"
 ZEROS_LIKE = "node_ConstantOfShape_258"
 
 
-def _shapes_read(graph: onnx.GraphProto, tensor: str) -> set[tuple[str, int]]:
-    """The (tensor, start) of every Shape that ``tensor``'s value is computed from."""
-    producer = {output: node for node in graph.node for output in node.output}
-    found: set[tuple[str, int]] = set()
-    pending = [tensor]
-    while pending:
-        node = producer.get(pending.pop())
-        if node is None:
-            continue
-        if node.op_type == "Shape":
-            start = next((a.i for a in node.attribute if a.name == "start"), 0)
-            found.add((node.input[0], start))
-            continue
-        pending.extend(node.input)
-    return found
-
-
 def test_gen_writes_the_extension_that_scatters_the_buffer_whole(tmp_path: Path) -> None:
     result = run_cli("gen", OLMOE, "-o", tmp_path / "h.json")
     assert result.exit_code == 0, result.stderr
@@ -67,7 +51,7 @@ def test_gen_writes_the_extension_that_scatters_the_buffer_whole(tmp_path: Path)
     assert scatter.op_type == "DistCollective"
     # Its first entry is batch (axis 0 of the normed hidden states, whole on every rank)
     # times sequence: axis 1 is read off input_ids alone, not off a rank's slice.
-    sequence_reads = {read for read in _shapes_read(graph, buffer.input[0]) if read[1] == 1}
+    sequence_reads = {read for read in shapes_read(graph, buffer.input[0]) if read[1] == 1}
     assert sequence_reads == {("input_ids", 1)}
 
 
