@@ -111,12 +111,20 @@ def baked_counts(shapes: ShapeInference) -> list[tuple[Node, Node]]:
         axis = node.attr("axis", 0)
         if shape is None or not -len(shape) <= axis < len(shape):
             continue
-        if not is_selected_count(shape[axis]):
+        if not is_selected_count(shape[axis]) or not _fixed_parts(shapes, node):
             continue
         for at in sorted(selected_by(shapes, node.inputs[0])):
             found.append((node, index.nodes[at]))
             break
     return found
+
+
+def _fixed_parts(shapes: ShapeInference, split: Node) -> bool:
+    """Whether ``split``'s part sizes are constants (a trace's), not computed at run time
+    (``split_with_sizes`` by counts the model computes follows the count)."""
+    if len(split.inputs) > 1 and split.inputs[1]:
+        return shapes.constant_ints(split.inputs[1]) is not None
+    return split.attr("split") is not None
 
 
 def describe_baked(shapes: ShapeInference, found: list[tuple[Node, Node]]) -> str:

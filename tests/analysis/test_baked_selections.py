@@ -14,13 +14,16 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import FIXTURES, run_cli
+from onnx import TensorProto, helper, numpy_helper
 
 from shardcheck import load_index
 from shardcheck.analysis.selections import baked_counts
 from shardcheck.analysis.shapes import ShapeInference
+from shardcheck.graph.index import GraphIndex
 
 REAL = FIXTURES / "real"
 EAGER = REAL / "ts_qwen2_moe_eager.onnx"
@@ -65,3 +68,35 @@ def test_gen_verify_and_explain_name_it(tmp_path: Path) -> None:
     assert baked["observed"] == f"Split {SPLITS[0]} into 4"
     plan = json.loads(run_cli("explain", EAGER, "--format", "json").stdout)["plan"]
     assert SPLITS[0] in [blocker["node"] for blocker in plan["blockers"]]
+
+
+def _split_of_non_zero(sizes_from_shape: bool) -> onnx.ModelProto:
+    """x [S] -> NonZero(x > 0) [1, count] -> Transpose [count, 1] -> Split along the count,
+    by constant sizes [1, 1] (as a trace writes them) or by the count itself, read at run time."""
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["picked"]),
+        helper.make_node("Transpose", ["picked"], ["rows"], perm=[1, 0]),
+    ]
+    initializers = [numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+    if sizes_from_shape:
+        nodes.append(helper.make_node("Shape", ["rows"], ["sizes"], start=0, end=1))
+        outputs = ["part"]
+    else:
+        initializers.append(numpy_helper.from_array(np.array([1, 1], np.int64), "sizes"))
+        outputs = ["first", "second"]
+    nodes.append(helper.make_node("Split", ["rows", "sizes"], outputs, axis=0))
+    graph = helper.make_graph(
+        nodes,
+        "split_of_non_zero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["sequence"])],
+        [helper.make_tensor_value_info(name, TensorProto.INT64, None) for name in outputs],
+        initializers,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(("sizes_from_shape", "baked"), [(False, True), (True, False)])
+def test_only_constant_part_sizes_are_baked(sizes_from_shape: bool, baked: bool) -> None:
+    index = GraphIndex(_split_of_non_zero(sizes_from_shape))
+    assert bool(baked_counts(ShapeInference(index))) is baked
