@@ -15,7 +15,12 @@ from collections.abc import Iterable
 
 from shardcheck.analysis.einsum import node_equation
 from shardcheck.analysis.index_grid import identity_along
-from shardcheck.analysis.selections import is_selected_count, selected_by
+from shardcheck.analysis.selections import (
+    is_counted_split,
+    is_full_sort,
+    is_selected_count,
+    selected_by,
+)
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import Size, size_of
 from shardcheck.graph.index import Dim, GraphIndex, Node, Shape
@@ -143,6 +148,12 @@ class AxisMapper:
             # Values and indices alike: each row of the axis it selects along is its own
             # (a mixture of experts picks each token's experts among its own scores).
             if node.attr("axis", -1) % out_rank == out_axis:
+                # A sort of the whole sequence-carrying axis orders a rank's positions among
+                # themselves: a selection of them (selections.py), as a NonZero's are.
+                if is_full_sort(self.shapes, node) and (
+                    self._sequence_axis(node.inputs[0]) == out_axis
+                ):
+                    return [(node.inputs[0], out_axis)]
                 return None
             return [(node.inputs[0], out_axis)]
         if op in ("Reshape", "Flatten"):
@@ -157,7 +168,9 @@ class AxisMapper:
         if op in ("Unsqueeze", "Squeeze"):
             return self._unsqueeze(node, out_axis, out_rank)
         if op in ("Split", "Slice"):
-            if out_axis in self._cut_axes(node, out_rank):
+            # A Split by each expert's count of a selection cuts no rank's tokens apart.
+            cut = out_axis in self._cut_axes(node, out_rank)
+            if cut and not is_counted_split(self.shapes, node):
                 return None
             return [(node.inputs[0], out_axis)]
         if op == "Concat":
@@ -165,6 +178,11 @@ class AxisMapper:
                 # Along its axis, a Concat of one tensor (and of empty ones) copies it: an
                 # empty cache's K and V concatenated with a layer's (TorchScript's XLM).
                 held = [name for name in node.inputs if _dim(self.shapes, name, out_axis) != 0]
+                if len(held) > 1 and all(
+                    is_selected_count(_dim(self.shapes, name, out_axis)) for name in held
+                ):
+                    # The experts' parts of a selection, put back in its order.
+                    return [(name, out_axis) for name in held]
                 return [(held[0], out_axis)] if len(held) == 1 else None
             return self._aligned(node.inputs, out_axis, out_rank)
         if op == "Expand":

@@ -5,9 +5,11 @@ gathers (graph outputs, and the inputs of ops that mix positions), each along it
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer
+from shardcheck.analysis.selections import is_counted_split
 from shardcheck.frontier.sources import ShapeSources, sized_by_whole
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
@@ -30,6 +32,7 @@ def walk_forward(
     sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
     given_out: dict[str, int] | None = None,
+    counts: AbstractSet[str] = frozenset(),
 ) -> tuple[dict[str, int], set[int]]:
     """The tensors to gather, and the position-wise nodes after the attention layers; a
     tensor gathered that also feeds position-wise ops is warned of in ``warnings``.
@@ -41,7 +44,10 @@ def walk_forward(
     same axis (data, not a broadcast) gets the gathered tensor: ConvBERT concatenates each
     layer's attention heads with its convolution heads, computed whole. With ``sources`` and
     ``region``, and unless ``sized`` is False (the extension gives each node the length it
-    needs), a node sized by the Shape of a tensor no rank slices gets the gathered tensor."""
+    needs), a node sized by the Shape of a tensor no rank slices gets the gathered tensor.
+
+    A node that computes a rank's counts of its tokens for each expert (``counts``:
+    selections.py) reads its slice as a Shape would, for sizes."""
     barriers = gathered_kv(layers)
     outputs: dict[str, int] = {}
     queue: deque[tuple[str, int]] = deque()
@@ -80,6 +86,8 @@ def walk_forward(
             consumer = all_nodes[consumer_index]
             if consumer.op_type in SHAPE_OPS or index.read_for_shape(consumer):
                 continue
+            if counts and all(name in counts for name in consumer.outputs if name):
+                continue
             users += 1
             out_axis = output_axis(consumer, tensor, axis)
             if out_axis is not None and (
@@ -96,8 +104,16 @@ def walk_forward(
                 mixing.append(consumer)
             else:
                 nodes.add(consumer_index)
-                queue.append((consumer.outputs[0], out_axis))
-                came_from.setdefault(consumer.outputs[0], (tensor, axis))
+                # Every part of a counted Split is one expert's tokens (selections.py).
+                written = (
+                    consumer.outputs
+                    if is_counted_split(mapper.shapes, consumer)
+                    else consumer.outputs[:1]
+                )
+                for output in written:
+                    if output:
+                        queue.append((output, out_axis))
+                        came_from.setdefault(output, (tensor, axis))
                 if consumer.op_type == "TopK" and len(consumer.outputs) > 1:
                     # Its indices too (a mixture of experts' picks): what their Shape sizes
                     # is sized by a slice.

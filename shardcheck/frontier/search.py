@@ -16,8 +16,11 @@ tensor once.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer, sequence_dims
+from shardcheck.analysis.selections import selection_counts
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.frontier.exactness import warn_no_exact_cut
 from shardcheck.frontier.exposed import (
@@ -102,8 +105,10 @@ def find_frontier(
     layer_outputs = {layer.output: layer for layer in layers if layer.output not in whole}
     # This first walk only gives the nodes after the layers; the last one, once the region is
     # known, gives the tensors to gather and the warnings.
+    # What the experts' counts of their tokens are computed for (selections.py).
+    counts = selection_counts(shapes)
     _, forward_nodes = walk_forward(
-        index, mapper, layers, [], whole_outputs=frozenset(exposed.outputs)
+        index, mapper, layers, [], whole_outputs=frozenset(exposed.outputs), counts=counts
     )
     ids = TensorIds(index)
     layer_output_flags = ids.flags(layer_outputs)
@@ -155,7 +160,12 @@ def find_frontier(
             if not lengths_by_reader:
                 needed |= sized_whole(index, mapper, sources, walked)
             beside, kv_gathers = sliced_beside(
-                index, ids, walked, chains, (mapper, layers_own) if lengths_by_reader else None
+                index,
+                ids,
+                walked,
+                chains,
+                (mapper, layers_own) if lengths_by_reader else None,
+                counts,
             )
             needed |= beside
             if given_out is None:
@@ -169,7 +179,12 @@ def find_frontier(
                 # Checked last, once the rest holds (it reads every node): a region tensor read
                 # by an op that mixes positions along its axis, beside the walk.
                 needed, mixing_gathers = read_by_mixing(
-                    index, mapper, walked, inside_layers, layers_own if lengths_by_reader else None
+                    index,
+                    mapper,
+                    walked,
+                    inside_layers,
+                    layers_own if lengths_by_reader else None,
+                    counts,
                 )
                 needed -= whole
                 if not needed:
@@ -193,6 +208,7 @@ def find_frontier(
             sized=not lengths_by_reader,
             whole_outputs=frozenset(exposed.outputs),
             given_out=given_forward,
+            counts=counts,
         )
         whole_when_read = [ids.id[name] for name in (*gathered, *gathered_kv(layers))]
         late = sized_by_slices(index, shapes, sources, walked, gathered, whole_when_read) - whole
@@ -254,6 +270,7 @@ def _gathered(
     sized: bool = True,
     whole_outputs: frozenset[str] = frozenset(),
     given_out: dict[str, int] | None = None,
+    counts: AbstractSet[str] = frozenset(),
 ) -> dict[str, int]:
     """The tensors to gather (with their axes); the warnings of the walk forward go to
     ``warnings``; ``given_out``, where given, the graph outputs gathered for themselves alone
@@ -284,6 +301,7 @@ def _gathered(
             sized=sized,
             whole_outputs=whole_outputs,
             given_out=given_out,
+            counts=counts,
         )
         reached = reads_whole.reached
         unsettled = [(node, name) for node, name in reads_whole.pending if name not in reached]

@@ -145,6 +145,7 @@ def sliced_beside(
     region: Region,
     chains: AbstractSet[str] = frozenset(),
     values: tuple[AxisMapper, AbstractSet[str]] | None = None,
+    counts: AbstractSet[str] = frozenset(),
 ) -> tuple[set[str], KvGathers]:
     """What the region's nodes read broadcast along the axis walked, that a rank would hold a
     slice of (DeBERTa multiplies its mask over the keys, [batch, 1, 1, keys], by the same mask
@@ -154,11 +155,16 @@ def sliced_beside(
     chains (``chains``, the extension's), those are gathered for its readers instead
     (kv_readers.py): the second of the two returned. So is what a MatMul of a layer's
     probabilities weighs along its keys (``values``: the mapper and the probabilities, the
-    extension's)."""
+    extension's). A rank's counts of its tokens for each expert (``counts``: selections.py) are
+    what its Split of them needs, not a slice."""
     if not region.read_beside:
         return set(), {}
     sliced = SlicedTest(ids, region.cut_ids)
-    read = [tensor for tensor in dict.fromkeys(region.read_beside) if sliced(tensor)]
+    read = [
+        tensor
+        for tensor in dict.fromkeys(region.read_beside)
+        if ids.names[tensor] not in counts and sliced(tensor)
+    ]
     gathers: KvGathers = {}
     if values is not None and read:
         mapper, probabilities = values
@@ -175,6 +181,7 @@ def read_by_mixing(
     region: Region,
     inside_layers: set[int],
     probabilities: AbstractSet[str] | None = None,
+    counts: AbstractSet[str] = frozenset(),
 ) -> tuple[set[str], KvGathers]:
     """Region tensors (other than cuts, but for a Split's input) from which the nodes beside
     the walk compute, through ops that map the axis, an input of an op that mixes positions
@@ -185,7 +192,10 @@ def read_by_mixing(
     ``probabilities`` (the extension's: what the layers compute inside): a MatMul of those by
     a tensor along its keys is a second value product of a layer, which a rank computes for its
     queries over every key as the layer does. The extension gathers that tensor for it, as the
-    layer gathers its V, instead of making it whole (the second of the two returned)."""
+    layer gathers its V, instead of making it whole (the second of the two returned).
+
+    A reduction across the axis that computes a rank's counts of its tokens for each expert
+    (``counts``: selections.py) reads the rank's own positions alone."""
     needed: set[str] = set()
     gathers: dict[str, tuple[int, set[str]]] = {}
     tensors, cut, region_nodes = region.tensors, region.cut, region.nodes
@@ -238,6 +248,8 @@ def read_by_mixing(
             continue
         out_axis = mapper.output_axis(node, tensor, axis)
         if out_axis is None:
+            if all(name in counts for name in node.outputs if name):
+                continue
             if probabilities is not None and weighs_by_probabilities(
                 mapper, node, tensor, axis, probabilities
             ):

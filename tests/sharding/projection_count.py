@@ -22,7 +22,8 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
     kernel 1 by a weight [M, C / group, 1] 2·M·C / group per position, the same number
     of tokens for each at one length (one whose data is computed from weights alone computes a
     table, not tokens: it is left out); a MatMul by a matrix that a Gather or GatherND picks out
-    of stacked expert weights [E, N, K] costs 2·N·K for each of a token's ``top_k`` experts. It
+    of stacked expert weights [E, N, K] costs 2·N·K for each of a token's ``top_k`` experts, and
+    one expert's matrix so picked for the rows routed to it 2·N·K·top_k / E per token. It
     runs on slices when its data input is computed from a reduce-scatter's output and no
     all-gather lies between them."""
     graph = onnx.load(str(multi_device)).graph
@@ -32,9 +33,12 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
         for node in graph.node
         if node.op_type in PICKS and len(weights.get(node.input[0], ())) == 3
     }
+    stacks = {
+        node.output[0]: weights[node.input[0]][0] for node in graph.node if node.output[0] in picked
+    }
     sliced: set[str] = set()
     from_inputs = {value.name for value in graph.input} - set(weights)
-    on_slices = total = 0
+    on_slices = total = 0.0
     for node in graph.node:  # in a topological order, as the shard writes them
         if node.op_type not in LENGTH_OPS and from_inputs.intersection(node.input):
             from_inputs.update(node.output)
@@ -64,6 +68,11 @@ def projection_share_on_slices(multi_device: Path, top_k: int = 1) -> float:
         elif node.op_type == "MatMul" and node.input[0] in picked:
             rows, columns = picked[node.input[0]]
             cost, data = 2 * rows * columns * top_k, node.input[1]
+        elif node.input[1] in picked:
+            # One expert's matrix, picked out of the stack for the rows routed to it (a sorting
+            # dispatch's): k of every E experts' rows per token, on average.
+            experts, (rows, columns) = stacks[node.input[1]], picked[node.input[1]]
+            cost, data = 2 * rows * columns * top_k / experts, node.input[0]
         else:
             continue
         if data not in from_inputs:

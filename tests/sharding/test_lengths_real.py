@@ -98,6 +98,10 @@ SPLIT_BY_DEFAULT = [
     # transformers 4's experts loop: each expert's tokens picked by NonZero (test_moe_loop.py).
     "ts_olmoe_tf4_moe",
     "dynamo_olmoe_tf4_moe",
+    # Sorting dispatches: every (token, slot) sorted by its expert, cut by the experts' counts
+    # (test_sorted_experts.py); JetMoE's attention heads are experts too.
+    "dynamo_jetmoe_tiny",
+    "dynamo_granitemoe_tf4",
     # Opset 14: each length read is a Shape and a Gather (test_opset14.py).
     "ts_stablelm_opset14",
     # A sliding window of 4 keys in every layer, shorter than the lengths verified.
@@ -116,6 +120,8 @@ TOP_K = {
     "dynamo_deepseek_v3_tiny": 2,
     "ts_deepseek_v3_tiny": 2,
     "dynamo_phimoe_tiny": 2,
+    "dynamo_jetmoe_tiny": 2,
+    "dynamo_granitemoe_tf4": 2,
 }
 # Where the Polygraphy format already splits everything: gen writes no extension.
 PLAIN_SPLITS = [

@@ -11,22 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
 from conftest import FIXTURES, gen_plan
+from expert_rows import values_whole_and_on_ranks
 
 from shardcheck import load_index, simulate
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.graph.index import GraphIndex, Node
-from shardcheck.hints.files import read_hints
-from shardcheck.runtime.sessions import run_model
-from shardcheck.sharding.rewrite import shard_model
-from shardcheck.simulation.plan import untyped_output
-from shardcheck.simulation.simulator import RankSimulator
 
 REAL = FIXTURES / "real"
-VOCAB, HIDDEN = 64, 32  # fixtures/build_real_exports.py's
+HIDDEN = 32  # fixtures/build_real_exports.py's
 EXPORTS = ["ts_olmoe_tf4_moe", "dynamo_olmoe_tf4_moe"]
 
 
@@ -60,19 +54,8 @@ def test_each_expert_reads_its_tokens_on_the_ranks_once(name: str, tmp_path: Pat
     index = load_index(model)
     rows = _experts_rows(index)
     assert len(rows) == 8  # 4 experts in each of 2 layers
-    _, extension = gen_plan(model, tmp_path)
-    assert extension is not None
-    rng = np.random.default_rng(0)
-    feeds = {
-        "input_ids": rng.integers(3, VOCAB, (2, 16), dtype=np.int64),
-        "attention_mask": np.ones((2, 16), dtype=np.int64),
-    }
     outputs = [node.outputs[0] for node, _ in rows]
-    whole_model = onnx.load(model)
-    whole_model.graph.output.extend(untyped_output(name) for name in outputs)
-    whole = run_model(whole_model, feeds, outputs)
-    sharded = shard_model(index, read_hints(extension))
-    per_rank = RankSimulator(sharded, index.model, 2).run(feeds, diagnostic=True).per_rank
+    whole, per_rank = values_whole_and_on_ranks(model, outputs, tmp_path)
     for (node, axis), output in zip(rows, outputs, strict=True):
         counts = [values[output].shape[axis] for values in per_rank]
         # Every token of the batch routed to this expert, on one rank or the other.
