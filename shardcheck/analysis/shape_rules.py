@@ -375,6 +375,8 @@ def _split(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]
         sizes = shapes.constant_ints(node.inputs[1])
     count = len(node.outputs)
     if sizes is None:
+        # Equal parts, as num_outputs cuts. Sizes computed at run time (each expert's count
+        # of its tokens) get them too: the parts' total, which FLOPs are counted from, holds.
         whole = shape[axis]
         sizes = [whole // count if isinstance(whole, int) else None] * count
     results = []
@@ -386,9 +388,10 @@ def _split(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]
 
 
 def _top_k(shapes: ShapeInference, node: Node, shape: Shape) -> list[TensorInfo]:
-    """The values and their indices: the input's shape, with K positions along ``axis``."""
+    """The values and their indices: the input's shape, with K positions along ``axis`` (K
+    read off a shape too: a sort of the whole axis takes its length)."""
     axis = node.attr("axis", -1) % len(shape)
-    k = shapes.constant_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    k = shapes.input_info(node, 1).value if len(node.inputs) > 1 else None
     dims = list(shape)
     dims[axis] = k[0] if k is not None and len(k) == 1 else None
     return [TensorInfo(tuple(dims))] * 2

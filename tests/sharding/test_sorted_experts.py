@@ -16,13 +16,14 @@ constant parts): baked (SC003), tested here on a graph of that form.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, GOLDEN, run_cli
 from expert_rows import BATCH, LENGTH, values_whole_and_on_ranks
 from onnx import TensorProto, helper, numpy_helper
 
@@ -196,3 +197,26 @@ def test_a_top_k_of_fewer_than_its_axis_sorts_nothing_whole() -> None:
     assert not is_full_sort(shapes, router)
     assert is_full_sort(shapes, sort)
     assert [shapes.index.nodes[at] for at in selected_by(shapes, "token")] == [sort]
+
+
+def test_explain_counts_the_experts_rows_in_all() -> None:
+    # JetMoE at length 64, batch 1 (hidden 32; K and V 2 heads of 8 each; each attention
+    # expert 2 query heads of 8; MLP experts of intermediate 64, gated: 128 wide in), per token
+    # and layer: 2 routers 32 -> 4 (2·32·4 each), K and V 32 -> 32 (2·32·32), and for each of a
+    # token's 2 experts the attention's 32 -> 16 and 16 -> 32 (2·32·16 each) and the MLP's
+    # 32 -> 128 and 64 -> 32. Each expert's rows are known at run time only; their total, 2 per
+    # token, is what the FLOPs add up to.
+    routers, kv = 2 * (2 * 32 * 4), 2 * 32 * 32
+    per_expert = 2 * (2 * 32 * 16) + 2 * 32 * 128 + 2 * 64 * 32
+    per_token = routers + kv + 2 * per_expert
+    model = REAL / "dynamo_jetmoe_tiny.onnx"
+    extension = GOLDEN / "real" / "dynamo_jetmoe_tiny.shardcheck.json"
+    result = run_cli("explain", model, extension, "--seq-len", "64", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    flops = json.loads(result.stdout)["plan"]["flops"]
+    assert flops["uncounted_projections"] == 0
+    assert flops["by_class"]["projections"] == {
+        "on_slices": per_token * 2 * 64,
+        "whole": 0,
+        "share_on_slices": 1.0,
+    }
