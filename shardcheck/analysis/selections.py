@@ -69,9 +69,13 @@ def is_selected_count(dim: Dim) -> bool:
 
 
 def is_full_sort(shapes: ShapeInference, node: Node) -> bool:
-    """Whether TopK ``node`` sorts the whole of its axis (``k`` is the axis's length): its
-    indices are a permutation of the axis's positions."""
-    if node.op_type != "TopK" or len(node.inputs) < 2:
+    """Whether TopK ``node`` sorts the whole of its axis (``k`` is the axis's length) for its
+    order alone: its indices, a permutation of the axis's positions, are read, its sorted
+    values are not (a rank's sorted values would be no slice of the whole's)."""
+    if node.op_type != "TopK" or len(node.inputs) < 2 or len(node.outputs) < 2:
+        return False
+    values = node.outputs[0]
+    if values and (values in shapes.index.graph_outputs or shapes.index.consumers_of(values)):
         return False
     shape = shapes.shape(node.inputs[0])
     axis = node.attr("axis", -1)

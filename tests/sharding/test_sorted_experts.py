@@ -220,3 +220,13 @@ def test_explain_counts_the_experts_rows_in_all() -> None:
         "whole": 0,
         "share_on_slices": 1.0,
     }
+
+
+def test_a_sort_whose_values_are_read_selects_nothing() -> None:
+    # A rank's sorted values are no slice of the whole's: only a sort read for its order is a
+    # selection of the rank's positions.
+    model = _sorting_dispatch("counted")
+    model.graph.output.append(helper.make_tensor_value_info("sorted", TensorProto.INT64, None))
+    shapes = ShapeInference(GraphIndex(model))
+    assert not any(is_full_sort(shapes, node) for node in shapes.index.nodes)
+    assert selected_by(shapes, "token") == set()
