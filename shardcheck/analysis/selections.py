@@ -141,6 +141,8 @@ def selection_counts(shapes: ShapeInference) -> frozenset[str]:
     tokens, the count its Split needs; such a reduction across the sequence is no read of
     other ranks' positions, nor is the Split's read of its sizes."""
     index = shapes.index
+    if not any(is_counted_split(shapes, node) for node in index.nodes if node.op_type == "Split"):
+        return frozenset()  # most models: no pass over their nodes' consumers
     outputs = set(index.graph_outputs)
     counts: set[str] = set()
     # Reverse graph order: a tensor's consumers are settled before it is.
