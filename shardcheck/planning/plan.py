@@ -66,15 +66,21 @@ def make_plan(
     ranks: int = DEFAULT_RANKS,
     dims: Mapping[str, int] | None = None,
     hints_source: str = "<hints>",
+    shapes: ShapeInference | None = None,
+    layers: list[AttentionLayer] | None = None,
 ) -> Plan:
     """The plan of ``hints`` on ``index`` at ``seq_len`` (default: DEFAULT_SEQ_LEN, or the
     one length the model runs at) on ``ranks`` ranks (the module docstring says what it
-    counts). InputError for settings it cannot count at."""
+    counts). InputError for settings it cannot count at. ``shapes`` and ``layers``: those of
+    ``index``, where the caller has found them (verify), used where the hints name no
+    functions to inline first."""
     from shardcheck.sharding.inlined import planned_index
 
-    index = planned_index(index, hints, hints_source)
-    shapes = ShapeInference(index)
-    layers = detect_attention(index, shapes)
+    planned = planned_index(index, hints, hints_source)
+    if planned is not index or shapes is None or layers is None:
+        shapes = ShapeInference(planned)
+        layers = detect_attention(planned, shapes)
+    index = planned
     count, found, class_of = count_with_shapes(
         index, hints, seq_len, ranks, dims, hints_source, shapes, layers
     )

@@ -229,12 +229,19 @@ def verify(
         if isinstance(simulation, Simulation):
             simulation.simulator.stop_making_ahead()
         raise
-    _add_plan(report, index, hints, ranks)
+    _add_plan(report, index, hints, ranks, (shapes, layers))
     return report
 
 
-def _add_plan(report: Report, index: GraphIndex, hints: ShardHints, ranks: int | None) -> None:
-    """The plan of the hints, counted at the default length (planning/)."""
+def _add_plan(
+    report: Report,
+    index: GraphIndex,
+    hints: ShardHints,
+    ranks: int | None,
+    found: tuple[ShapeInference, list[AttentionLayer]],
+) -> None:
+    """The plan of the hints, counted at the default length (planning/), from the shapes and
+    layers verify ``found``."""
     from shardcheck.planning.flop_count import DEFAULT_RANKS
     from shardcheck.planning.plan import make_plan
     from shardcheck.planning.report import plan_dict, summary_line
@@ -242,7 +249,15 @@ def _add_plan(report: Report, index: GraphIndex, hints: ShardHints, ranks: int |
     if not hints.inputs:
         return
     try:
-        plan = make_plan(index, hints, ranks=ranks or DEFAULT_RANKS, hints_source=report.hints)
+        shapes, layers = found
+        plan = make_plan(
+            index,
+            hints,
+            ranks=ranks or DEFAULT_RANKS,
+            hints_source=report.hints,
+            shapes=shapes,
+            layers=layers,
+        )
     except ShardcheckError as exc:
         report.plan_line = f"plan: not counted: {exc.message}"
         return
