@@ -30,6 +30,7 @@ from shardcheck.graph.index import Dim, Node
 
 # The dynamo exporter names a data-dependent size (an unbacked symbol of torch.export) so.
 _UNBACKED = re.compile(r"u[0-9]+")
+_UNBACKED_IN = re.compile(r"(?<![A-Za-z0-9_])u[0-9]+(?![A-Za-z0-9_])")
 
 # Ops that move a selection's coordinates into an index tensor without changing them (past the
 # first operand: axes, starts, ends, a target shape), or round them as an integer division
@@ -66,6 +67,14 @@ def is_selected_count(dim: Dim) -> bool:
     return isinstance(dim, str) and (
         dim.startswith(SELECTED_COUNT) or _UNBACKED.fullmatch(dim) is not None
     )
+
+
+def holds_selected_count(dim: Dim) -> bool:
+    """Whether ``dim`` is computed from a selection's count (``is_selected_count``): a NonZero's
+    count times a size, the sum of a dispatch's parts."""
+    if not isinstance(dim, str):
+        return False
+    return SELECTED_COUNT in dim or _UNBACKED_IN.search(dim) is not None
 
 
 def is_full_sort(shapes: ShapeInference, node: Node) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from shardcheck.analysis.baked import baked_lengths
 from shardcheck.analysis.detect import AttentionLayer, sequence_dim
+from shardcheck.analysis.selections import holds_selected_count
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.errors import InputError
 from shardcheck.frontier.kv_readers import kv_chains
@@ -77,6 +78,9 @@ class FlopCount:
     # Those of them that are projections or MLP (expert MatMuls after a data-dependent pick):
     # the share of that class leaves their FLOPs out, on slices or not.
     uncounted_projections: int
+    # Those of them sized by what a selection picks (the rows an expert gets from a NonZero of
+    # its routing: selections.py), which no shape tells before the model runs.
+    uncounted_selected: int
     sliced_nodes: frozenset[int] = field(repr=False)
 
     @property
@@ -140,7 +144,7 @@ def count_with_shapes(
     _refuse_uneven(index, found, ranks, seq_len, fixed=asked is None and seq_len != DEFAULT_SEQ_LEN)
     classes = {name: [0, 0] for name in CLASSES}
     per_rank = 0
-    uncounted = uncounted_projections = 0
+    uncounted = uncounted_projections = uncounted_selected = 0
     sliced: set[int] = set()
     class_of = node_classes(index, shapes, layers)
     for node in index.nodes:
@@ -160,6 +164,7 @@ def count_with_shapes(
         if one is None or on_rank is None:
             uncounted += 1
             uncounted_projections += class_of(node) == "projections"
+            uncounted_selected += _sized_by_selection(shapes, node)
             continue
         split = on_rank < one
         if split:
@@ -176,6 +181,7 @@ def count_with_shapes(
         uncounted_nodes=uncounted,
         uncounted_projections=uncounted_projections,
         sliced_nodes=frozenset(sliced),
+        uncounted_selected=uncounted_selected,
     )
     return count, found, class_of
 
@@ -242,6 +248,16 @@ def _refuse_uneven(
                     else "pick a length that gives one"
                 )
             )
+
+
+def _sized_by_selection(shapes: ShapeInference, node: Node) -> bool:
+    """Whether ``node`` computes on what a selection picks: a dim of one of its tensors, on the
+    model, is computed from a selection's count."""
+    for name in (*node.inputs, *node.outputs):
+        shape = shapes.shape(name) if name else None
+        if shape is not None and any(holds_selected_count(dim) for dim in shape):
+            return True
+    return False
 
 
 def _shape_lost_at(found: RankShapes, tensor: str) -> Node | None:

@@ -71,6 +71,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             },
             "uncounted_nodes": plan.uncounted_nodes,
             "uncounted_projections": plan.uncounted_projections,
+            "uncounted_selected": plan.uncounted_selected,
         },
         "activation_memory": {
             "peak_bytes_one_device": plan.peak_bytes_one_device,
@@ -161,8 +162,20 @@ def render_text(plan: Plan, plans_line: str | None = None, not_exact: Sequence[s
             if plan.uncounted_projections
             else ""
         )
+        how_many = (
+            "all"
+            if plan.uncounted_selected == plan.uncounted_nodes
+            else f"{plan.uncounted_selected} of them"
+        )
+        selected = (
+            f"; {how_many} sized by the rows a selection picks (each expert's tokens), which "
+            "only a run tells"
+            if plan.uncounted_selected
+            else ""
+        )
         lines.append(
             f"not counted: {counted(plan.uncounted_nodes, 'node')} of unknown shapes{among}"
+            f"{selected}"
         )
     lines.append(
         f"peak activation memory: {human(plan.peak_bytes_per_rank)} per rank, "

@@ -9,10 +9,11 @@ test_lengths_real.py verifies the default plans at 2 and 4 ranks, batch 1 and 2.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, gen_plan
+from conftest import FIXTURES, gen_plan, run_cli
 from expert_rows import values_whole_and_on_ranks
 
 from shardcheck import load_index, simulate
@@ -70,3 +71,24 @@ def test_the_default_plan_is_exact_at_batch_2(name: str, tmp_path: Path) -> None
     assert extension is not None
     result = simulate(model, extension, ranks=2, seq_len=8, dims={"batch": 2})
     assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_explain_says_why_the_experts_are_not_counted(name: str, tmp_path: Path) -> None:
+    # Each expert's rows are a NonZero's count: no shape tells it. The experts' MatMuls, 3 per
+    # expert (gate, up, down) for 4 experts in each of 2 layers, are left out, and so is all
+    # else computed on their rows.
+    _, extension = gen_plan(REAL / f"{name}.onnx", tmp_path)
+    assert extension is not None
+    result = run_cli("explain", REAL / f"{name}.onnx", extension, "--format", "json")
+    flops = json.loads(result.stdout)["plan"]["flops"]
+    assert flops["uncounted_projections"] == 3 * 4 * 2
+    assert flops["uncounted_selected"] == flops["uncounted_nodes"] > 0
+    text = run_cli("explain", REAL / f"{name}.onnx", extension).stdout
+    assert "all sized by the rows a selection picks" in text
+
+
+def test_a_model_without_selections_has_none_uncounted_for_them() -> None:
+    model = REAL / "dynamo_llama_tiny_gqa.onnx"
+    flops = json.loads(run_cli("explain", model, "--format", "json").stdout)["plan"]["flops"]
+    assert flops["uncounted_selected"] == 0
