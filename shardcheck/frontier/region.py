@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.axes import AxisMapper, carries_any
 from shardcheck.analysis.detect import AttentionLayer
 from shardcheck.frontier.tensor_ids import TensorIds
 from shardcheck.graph.index import GraphIndex
@@ -82,6 +82,7 @@ class BackWalk:
                     not derived[tensor]
                     and not self._broadcasts_a_table(producer_index, axis)
                     and not self._filled_like(producer_index)
+                    and not self._fill_for_rank(producer_index, axis)
                 )
             ):
                 cut[tensor] = axis
@@ -141,6 +142,27 @@ class BackWalk:
             and shape.attr("start", 0) == 0
             and shape.attr("end") is None
         )
+
+    def _fill_for_rank(self, producer: int, axis: int) -> bool:
+        """Whether ``producer`` fills a buffer with a constant (an Expand of one element: the
+        zeros a sorting dispatch of experts writes each expert's rows back into), whose one
+        axis of a sequence's length is ``axis``: where asked (the extension's walk), the rank
+        builds it at its own length (sharding/lengths.py), rather than every rank building
+        it whole and receiving its slice."""
+        if not self.through_broadcasts:
+            return False
+        node = self.index.nodes[producer]
+        if node.op_type != "Expand" or len(node.inputs) < 2:
+            return False
+        shapes = self.mapper.shapes
+        fill = shapes.shape(node.inputs[0])
+        if fill is None or any(dim != 1 for dim in fill):
+            return False
+        if self.index.constant_tensor(node.inputs[0]) is None:
+            return False
+        shape = shapes.shape(node.outputs[0]) or ()
+        carrying = [at for at, dim in enumerate(shape) if carries_any(dim, self.mapper.sequences)]
+        return carrying == [axis]
 
     def _broadcasts_a_table(self, producer: int, axis: int) -> bool:
         """Whether the walk goes on through ``producer``, which computes a tensor from shapes

@@ -135,6 +135,7 @@ class _LengthGraph:
                 )
         self.scattered_sources = set(scattered)
         self.feeds_scatter = _feeding_scatters(sharded.model.graph.node, self.sliced)
+        self.fills = _fills_for_slices(sharded.model, self.data, self.sliced)
         self.from_data = {dim for dim, (name, _, _) in self.references.items() if name in self.data}
         self.added: list[protos.NodeProto] = []
         self._copies: dict[tuple[str, str], str] = {}
@@ -174,6 +175,10 @@ class _LengthGraph:
         nodes whose lengths are as the shard gives them."""
         if node.op_type in SHAPE_OPS:
             return None
+        if node.name in self.fills:
+            # A buffer filled with a constant for nodes of the slice (the zeros a mixture of
+            # experts scatters each expert's rows into): built on the rank at its length.
+            return RANK
         reads = [name for name in node.input if name]
         sliced = any(name in self.sliced for name in reads)
         if sliced and node.op_type == "Expand" and not any(name in self.data for name in reads):
@@ -278,6 +283,15 @@ class _LengthGraph:
         if target is None or data is None:
             return {}
         scaled: dict[int, tuple[str, str]] = {}
+        if name in self.fills:
+            # Its one entry that holds a sequence's length (fills with another: no length).
+            held = [
+                (at, symbol)
+                for at, dim in enumerate(target)
+                for symbol in self.references
+                if mentions(dim, symbol)
+            ]
+            return {held[0][0]: (held[0][1], RANK)} if len(held) == 1 else {}
         queries = self.mask_broadcasts.get(name)
         if queries is not None:
             # Of the target's entries (aligned right on the output), the queries' alone.
@@ -698,6 +712,46 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
             if graph.give(node, length) and not implicit:
                 found[length].append(node.name)
     return found
+
+
+def _fills_for_slices(model: protos.ModelProto, data: set[str], sliced: set[str]) -> frozenset[str]:
+    """The Expands of a constant of one element (a fill) to a target computed from lengths,
+    whose output a node reading a slice reads: a buffer the rank's nodes write their rows
+    into, which the extension's frontier leaves to the rank to build (frontier/region.py)."""
+    graph = model.graph
+    small = {tensor.name for tensor in graph.initializer if _elements(tensor.dims) <= 1} | {
+        node.output[0]
+        for node in graph.node
+        if node.op_type == "Constant"
+        and node.attribute
+        and node.attribute[0].HasField("t")
+        and _elements(node.attribute[0].t.dims) <= 1
+    }
+    readers: dict[str, list[protos.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(node)
+    found = set()
+    for node in graph.node:
+        if node.op_type != "Expand" or len(node.input) < 2 or node.input[0] not in small:
+            continue
+        if node.input[1] in data:
+            continue
+        users = readers.get(node.output[0], [])
+        if users and all(
+            user.op_type != COLLECTIVE_OP and any(name in sliced for name in user.input)
+            for user in users
+        ):
+            found.add(node.name)
+    return frozenset(found)
+
+
+def _elements(dims: Iterable[int]) -> int:
+    count = 1
+    for dim in dims:
+        count *= dim
+    return count
 
 
 def _feeding_scatters(nodes: Iterable[protos.NodeProto], sliced: set[str]) -> set[str]:

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import FIXTURES, GOLDEN, run_cli
+from conftest import FIXTURES, GOLDEN, gen_plan, run_cli
 from expert_rows import BATCH, LENGTH, values_whole_and_on_ranks
 from onnx import TensorProto, helper, numpy_helper
 
@@ -230,3 +230,29 @@ def test_a_sort_whose_values_are_read_selects_nothing() -> None:
     shapes = ShapeInference(GraphIndex(model))
     assert not any(is_full_sort(shapes, node) for node in shapes.index.nodes)
     assert selected_by(shapes, "token") == set()
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_the_buffers_the_rows_go_back_into_are_built_on_each_rank(
+    name: str, tmp_path: Path
+) -> None:
+    # The zeros each ScatterND writes its rows back into: an Expand of a constant of one
+    # element, sized by the tokens. A rank builds them at its own length (the extension gives
+    # each its rank's length) rather than every rank building them whole and receiving its
+    # slice: none is scattered.
+    model = REAL / f"{name}.onnx"
+    index = load_index(model)
+    fills = {
+        node.name: node.outputs[0]
+        for node in index.nodes
+        if node.op_type == "Expand"
+        and index.constant_tensor(node.inputs[0]) is not None
+        and any(user.op_type == "ScatterND" for user in index.consumers_of(node.outputs[0]))
+    }
+    assert fills
+    _, extension = gen_plan(model, tmp_path)
+    assert extension is not None
+    document = json.loads(extension.read_text())
+    scattered = {tensor["name"] for tensor in document["hints"]["inputs"]}
+    assert not scattered & set(fills.values())
+    assert set(fills) <= set(document["rank_length"])
