@@ -175,9 +175,11 @@ class _LengthGraph:
         nodes whose lengths are as the shard gives them."""
         if node.op_type in SHAPE_OPS:
             return None
-        if node.name in self.fills:
+        if node.name in self.fills and (not self.region or node.name in self.region):
             # A buffer filled with a constant for nodes of the slice (the zeros a mixture of
-            # experts scatters each expert's rows into): built on the rank at its length.
+            # experts scatters each expert's rows into), which the frontier's walk went
+            # through (frontier/region.py): built on the rank at its length. (Read from an
+            # extension, the region is not known: the nodes it names are given.)
             return RANK
         reads = [name for name in node.input if name]
         sliced = any(name in self.sliced for name in reads)
