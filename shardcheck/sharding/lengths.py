@@ -721,32 +721,37 @@ def _fills_for_slices(model: protos.ModelProto, data: set[str], sliced: set[str]
     whose output a node reading a slice reads: a buffer the rank's nodes write their rows
     into, which the extension's frontier leaves to the rank to build (frontier/region.py)."""
     graph = model.graph
-    small = {tensor.name for tensor in graph.initializer if _elements(tensor.dims) <= 1} | {
-        node.output[0]
+    expands = [
+        node
         for node in graph.node
-        if node.op_type == "Constant"
-        and node.attribute
-        and node.attribute[0].HasField("t")
-        and _elements(node.attribute[0].t.dims) <= 1
+        if node.op_type == "Expand" and len(node.input) > 1 and node.input[1] not in data
+    ]
+    if not expands:
+        return frozenset()
+    filled = {node.input[0] for node in expands}
+    small = {
+        tensor.name
+        for tensor in graph.initializer
+        if tensor.name in filled and _elements(tensor.dims) <= 1
     }
-    readers: dict[str, list[protos.NodeProto]] = {}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] in filled:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and _elements(value.dims) <= 1:
+                small.add(node.output[0])
+    fills = {node.output[0]: node.name for node in expands if node.input[0] in small}
+    if not fills:
+        return frozenset()
+    # Each fill is kept while every node that reads it reads a slice too.
+    read: set[str] = set()
+    refused: set[str] = set()
     for node in graph.node:
         for name in node.input:
-            if name:
-                readers.setdefault(name, []).append(node)
-    found = set()
-    for node in graph.node:
-        if node.op_type != "Expand" or len(node.input) < 2 or node.input[0] not in small:
-            continue
-        if node.input[1] in data:
-            continue
-        users = readers.get(node.output[0], [])
-        if users and all(
-            user.op_type != COLLECTIVE_OP and any(name in sliced for name in user.input)
-            for user in users
-        ):
-            found.add(node.name)
-    return frozenset(found)
+            if name in fills:
+                read.add(name)
+                if node.op_type == COLLECTIVE_OP or not any(i in sliced for i in node.input):
+                    refused.add(name)
+    return frozenset(fills[name] for name in read - refused)
 
 
 def _elements(dims: Iterable[int]) -> int:
