@@ -23,6 +23,7 @@ GatherND or ScatterND by such indices as position-wise.
 from __future__ import annotations
 
 import re
+from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.shape_rules import SELECTED_COUNT
 from shardcheck.analysis.shapes import ShapeInference
@@ -163,6 +164,12 @@ def selection_counts(shapes: ShapeInference) -> frozenset[str]:
             if all(_counts_with(shapes, user, name, counts) for user in index.consumers_of(name)):
                 counts.add(name)
     return frozenset(counts)
+
+
+def computes_counts(node: Node, counts: AbstractSet[str]) -> bool:
+    """Whether ``node`` computes only tensors of ``counts`` (``selection_counts``): it reads
+    its inputs for the sizes of counted Splits alone."""
+    return bool(counts) and all(name in counts for name in node.outputs if name)
 
 
 def _counts_with(shapes: ShapeInference, user: Node, tensor: str, counts: set[str]) -> bool:

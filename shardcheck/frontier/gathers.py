@@ -9,7 +9,7 @@ from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.axes import AxisMapper
 from shardcheck.analysis.detect import AttentionLayer
-from shardcheck.analysis.selections import is_counted_split
+from shardcheck.analysis.selections import computes_counts, is_counted_split
 from shardcheck.frontier.sources import ShapeSources, sized_by_whole
 from shardcheck.graph.index import GraphIndex, Node
 from shardcheck.graph.ops import SHAPE_OPS
@@ -86,7 +86,7 @@ def walk_forward(
             consumer = all_nodes[consumer_index]
             if consumer.op_type in SHAPE_OPS or index.read_for_shape(consumer):
                 continue
-            if counts and all(name in counts for name in consumer.outputs if name):
+            if computes_counts(consumer, counts):
                 continue
             users += 1
             out_axis = output_axis(consumer, tensor, axis)

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 
 from shardcheck.analysis.axes import AxisMapper
+from shardcheck.analysis.selections import computes_counts
 from shardcheck.analysis.shapes import ShapeInference
 from shardcheck.analysis.symbolic import mentions
 from shardcheck.frontier.kv_readers import (
@@ -248,7 +249,7 @@ def read_by_mixing(
             continue
         out_axis = mapper.output_axis(node, tensor, axis)
         if out_axis is None:
-            if all(name in counts for name in node.outputs if name):
+            if computes_counts(node, counts):
                 continue
             if probabilities is not None and weighs_by_probabilities(
                 mapper, node, tensor, axis, probabilities

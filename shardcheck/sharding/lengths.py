@@ -41,6 +41,7 @@ node broadcasting a whole length against a rank's could not run on a rank.
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -732,12 +733,12 @@ def _fills_for_slices(model: protos.ModelProto, data: set[str], sliced: set[str]
     small = {
         tensor.name
         for tensor in graph.initializer
-        if tensor.name in filled and _elements(tensor.dims) <= 1
+        if tensor.name in filled and math.prod(tensor.dims) <= 1
     }
     for node in graph.node:
         if node.op_type == "Constant" and node.output and node.output[0] in filled:
             value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None and _elements(value.dims) <= 1:
+            if value is not None and math.prod(value.dims) <= 1:
                 small.add(node.output[0])
     fills = {node.output[0]: node.name for node in expands if node.input[0] in small}
     if not fills:
@@ -752,13 +753,6 @@ def _fills_for_slices(model: protos.ModelProto, data: set[str], sliced: set[str]
                 if node.op_type == COLLECTIVE_OP or not any(i in sliced for i in node.input):
                     refused.add(name)
     return frozenset(fills[name] for name in read - refused)
-
-
-def _elements(dims: Iterable[int]) -> int:
-    count = 1
-    for dim in dims:
-        count *= dim
-    return count
 
 
 def _feeding_scatters(nodes: Iterable[protos.NodeProto], sliced: set[str]) -> set[str]:
