@@ -107,6 +107,11 @@ SPLIT_BY_DEFAULT = [
     # A sliding window of 4 keys in every layer, shorter than the lengths verified.
     "ts_mistral_window",
     "dynamo_mistral_window",
+    # A sliding-window layer, then a full one, each with its rotary table (Gemma 3).
+    "ts_gemma3_window",
+    "dynamo_gemma3_window",
+    # A mixture of experts beside a shared expert that every token runs through.
+    "dynamo_qwen2_moe_tiny",
     # An encoder with a local layer (a window of 2 positions each side); under transformers
     # 4.57 its window is built from a Range over its global mask's length (test_window_positions).
     "ts_modernbert_tiny",
@@ -117,6 +122,7 @@ SPLIT_BY_DEFAULT = [
 TOP_K = {
     "ts_qwen3_moe_tiny": 2,
     "dynamo_mixtral_moe_tiny": 2,
+    "dynamo_qwen2_moe_tiny": 2,
     "dynamo_deepseek_v3_tiny": 2,
     "ts_deepseek_v3_tiny": 2,
     "dynamo_phimoe_tiny": 2,
@@ -130,6 +136,7 @@ PLAIN_SPLITS = [
     "ts_bert_tiny",
     "ts_qwen3_moe_tiny",
     "ts_mobilebert_tiny",
+    "ts_gemma3_window",
 ]
 
 
