@@ -138,7 +138,10 @@ class GraphIndex:
         *,
         external_tensors: Callable[[], list[onnx.TensorProto]] | None = None,
         lent_weights: LentWeights | None = None,
+        undeclared: Collection[str] = frozenset(),
     ) -> None:
+        """``undeclared``: tensors whose value_info is left out (a multi-device model declares
+        one device's shapes, which do not hold on a rank for what a scatter reaches)."""
         self.model = model
         self.source = source
         # The large inline weights the model marks external, left in the model file's mapping
@@ -160,7 +163,8 @@ class GraphIndex:
         self.output_infos = {o.name: o for o in graph.output}
         self.value_infos: dict[str, list[onnx.ValueInfoProto]] = {}
         for info in graph.value_info:
-            self.value_infos.setdefault(info.name, []).append(info)
+            if info.name not in undeclared:
+                self.value_infos.setdefault(info.name, []).append(info)
 
         self.nodes: list[Node] = []
         self.producer: dict[str, int] = {}

@@ -65,6 +65,7 @@ from shardcheck.sharding.rewrite import (
     REDUCE_SCATTER,
     ShardedModel,
     collective_operation,
+    without_nodes,
 )
 
 WHOLE, RANK = "whole", "rank"
@@ -147,8 +148,9 @@ class _LengthGraph:
     # and gives no node a length.
     @cached_property
     def nodes(self) -> list[protos.NodeProto]:
-        """The multi-device model's nodes, copied: giving a node its length changes it."""
-        return [_copied(node) for node in self.sharded.model.graph.node]
+        """The multi-device model's nodes; ``give`` puts a changed copy in place of one (the
+        model's own are never changed: a node is copied only to be changed)."""
+        return list(self.sharded.model.graph.node)
 
     @cached_property
     def producer(self) -> dict[str, protos.NodeProto]:
@@ -235,9 +237,15 @@ class _LengthGraph:
             value is None or not all(isinstance(dim, int) for dim in value) for value in values
         )
 
-    def give(self, node: protos.NodeProto, length: str) -> bool:
-        """Give ``node`` ``length``; whether any of its inputs changed."""
-        return self._give_whole(node) if length == WHOLE else self._give_rank(node)
+    def give(self, at: int, length: str) -> bool:
+        """Give the node at ``at`` of ``nodes`` ``length``; whether any of its inputs changed
+        (then a changed copy takes its place)."""
+        node = _copied(self.nodes[at])
+        changed = self._give_whole(node) if length == WHOLE else self._give_rank(node)
+        if changed:
+            self.nodes[at] = node
+            self.producer.update((output, node) for output in node.output)
+        return changed
 
     def _give_whole(self, node: protos.NodeProto) -> bool:
         """Recompute the length-like inputs of ``node`` with the whole length: the values it
@@ -389,21 +397,21 @@ class _LengthGraph:
         the Reshapes and Expands to be given a rank's length (``self.resizing``) have it, so
         that what follows them is inferred as it will be."""
         if self._on_rank is None:
-            model = protos.ModelProto()
-            model.CopyFrom(self.sharded.model)
+            model = self.sharded.model
             # What the model declares holds for one device: not for what a scatter reaches.
             affected = set(self.sliced)
             for node in model.graph.node:
                 if not affected.isdisjoint(node.input):
                     affected.update(node.output)
-            kept = [info for info in model.graph.value_info if info.name not in affected]
-            del model.graph.value_info[:]
-            model.graph.value_info.extend(kept)
-            index = GraphIndex(model, source="<the multi-device model>")
+            index = GraphIndex(model, source="<the multi-device model>", undeclared=affected)
             rules = dict.fromkeys(RESIZING_OPS, self._resized)
             rules[COLLECTIVE_OP] = partial(_collective_on_rank, tuple(self.references))
             self._on_rank = ShapeInference(index, rules)
         return self._on_rank
+
+    def drop_shapes_on_rank(self) -> None:
+        """Free the shapes on a rank (on_rank makes them again if asked)."""
+        self._on_rank = None
 
     def _resized(self, shapes: ShapeInference, node: Node) -> list[TensorInfo] | None:
         scaled = (
@@ -570,9 +578,7 @@ class _LengthGraph:
 
     def model(self) -> ShardedModel:
         """The multi-device model with the copies, in a topological order."""
-        model = protos.ModelProto()
-        model.CopyFrom(self.sharded.model)
-        del model.graph.node[:]
+        model = without_nodes(self.sharded.model)
         ordered = _sorted([*self.nodes, *self.added], model.graph)
         # The originals that only the nodes given other lengths read go.
         outputs = [info.name for info in model.graph.output]
@@ -706,14 +712,17 @@ def _give(graph: _LengthGraph, named: dict[str, set[str]] | None) -> dict[str, l
     The Reshapes and Expands first: the shapes on a rank are of the model as sharded."""
     found: dict[str, list[str]] = {WHOLE: [], RANK: []}
     for length in (RANK, WHOLE):
-        for node in graph.nodes:
+        for at, node in enumerate(graph.nodes):
             if graph.wanted(node) != length:
                 continue
             implicit = node.op_type == COLLECTIVE_OP
             if not implicit and named is not None and node.name not in named[length]:
                 continue
-            if graph.give(node, length) and not implicit:
+            if graph.give(at, length) and not implicit:
                 found[length].append(node.name)
+    # Done with the shapes on a rank: freed before model() copies the nodes, not held beside
+    # them (on a deep model they are most of the peak memory of gen's weighing).
+    graph.drop_shapes_on_rank()
     return found
 
 

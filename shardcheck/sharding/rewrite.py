@@ -111,14 +111,19 @@ class _Rewriter:
         self.index = index
         self.hints = hints
         self.hints_source = hints_source
-        self.nodes = [_copy(node.proto) for node in index.nodes]
+        # The model's nodes, each replaced by a copy where a consumer is moved (the model's own
+        # are never changed; most are not, and copying them all would double the memory).
+        self.nodes = [node.proto for node in index.nodes]
+        self._copied: set[int] = set()
         self.inserted: dict[int, list[protos.NodeProto]] = {}
         self.slot: dict[str, int] = dict.fromkeys(index.input_infos, BEFORE_FIRST_NODE)
         self.slot.update(dict.fromkeys(index.initializers, BEFORE_FIRST_NODE))
         self.slot.update(index.producer)
-        self.consumers: dict[str, list[tuple[protos.NodeProto, int]]] = {}
-        for proto in self.nodes:
-            self._add_uses(proto)
+        # Each use of a tensor: (its reader, the input's position); the reader is a position in
+        # ``nodes`` for the model's nodes, the node itself for one inserted.
+        self.consumers: dict[str, list[tuple[int | protos.NodeProto, int]]] = {}
+        for at, proto in enumerate(self.nodes):
+            self._add_uses(proto, at)
         self.graph_outputs = list(index.graph_outputs)
         self.tensor_names = set(index.all_tensor_names())
         self.node_names = {node.name for node in index.nodes}
@@ -189,8 +194,9 @@ class _Rewriter:
         if moving is not False:
             kept = []
             for consumer, position in self.consumers.pop(head, []):
-                if moving is True or consumer.name in moving:
-                    consumer.input[position] = tail
+                reader = self.nodes[consumer] if isinstance(consumer, int) else consumer
+                if moving is True or reader.name in moving:
+                    self._writable(consumer).input[position] = tail
                     self.consumers.setdefault(tail, []).append((consumer, position))
                 else:
                     kept.append((consumer, position))
@@ -287,10 +293,23 @@ class _Rewriter:
 
     # ----------------------------------------------------------------- bookkeeping
 
-    def _add_uses(self, proto: protos.NodeProto) -> None:
+    def _add_uses(self, proto: protos.NodeProto, at: int | None = None) -> None:
+        """Record the uses of ``proto``'s inputs: the model's node at ``at`` of ``nodes``, or
+        one inserted (``at`` None)."""
+        reader = proto if at is None else at
         for position, name in enumerate(proto.input):
             if name:
-                self.consumers.setdefault(name, []).append((proto, position))
+                self.consumers.setdefault(name, []).append((reader, position))
+
+    def _writable(self, reader: int | protos.NodeProto) -> protos.NodeProto:
+        """The node of a use, to change: an inserted one as it is, the model's a copy of it
+        (made once) in its place in ``nodes``."""
+        if not isinstance(reader, int):
+            return reader
+        if reader not in self._copied:
+            self.nodes[reader] = _copy(self.nodes[reader])
+            self._copied.add(reader)
+        return self.nodes[reader]
 
     def sorted_nodes(self) -> list[protos.NodeProto]:
         ordered = list(self.inserted.get(BEFORE_FIRST_NODE, []))
@@ -504,10 +523,8 @@ def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> N
 
 def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> protos.ModelProto:
     if weights:
-        model = protos.ModelProto()
-        model.CopyFrom(index.model)
+        model = without_nodes(index.model)
         graph = model.graph
-        del graph.node[:]
     else:
         model = _weightless_copy(index.model)
         graph = model.graph
@@ -530,6 +547,14 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> proto
         info for info in rewriter.new_value_infos if info.name not in rewriter.graph_outputs
     )
     return model
+
+
+def without_nodes(model: protos.ModelProto) -> protos.ModelProto:
+    """A copy of ``model`` but its nodes, for a graph of other nodes: copying them only to
+    delete them would hold both in the copy's memory until it is freed."""
+    copy = _fields_but(model, protos.ModelProto(), "graph")
+    _fields_but(model.graph, copy.graph, "node")
+    return copy
 
 
 def _weightless_copy(model: protos.ModelProto) -> protos.ModelProto:
