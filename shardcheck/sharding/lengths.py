@@ -578,7 +578,7 @@ class _LengthGraph:
 
     def model(self) -> ShardedModel:
         """The multi-device model with the copies, in a topological order."""
-        model = without_nodes(self.sharded.model)
+        model = without_nodes(self.sharded.model, counted_only=self.sharded.counted_only)
         ordered = _sorted([*self.nodes, *self.added], model.graph)
         # The originals that only the nodes given other lengths read go.
         outputs = [info.name for info in model.graph.output]

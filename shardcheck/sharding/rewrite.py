@@ -75,6 +75,8 @@ class ShardedModel:
     tails: dict[str, ChainTail] = field(default_factory=dict)
     # Original graph output -> the graph output of the sharded model that replaces it.
     outputs: dict[str, str] = field(default_factory=dict)
+    # Made without its weights (shard_model(weights=False)): counted, never run or written.
+    counted_only: bool = False
 
 
 def collective_operation(node: protos.NodeProto) -> str:
@@ -446,6 +448,7 @@ def shard_model(
         model=_build_model(index, rewriter, weights),
         tails=dict(rewriter.tails),
         outputs=dict(zip(index.graph_outputs, rewriter.graph_outputs, strict=True)),
+        counted_only=not weights,
     )
     if hints.lengths is None:
         return sharded
@@ -523,7 +526,7 @@ def _check_tensors(index: GraphIndex, hints: ShardHints, hints_source: str) -> N
 
 def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> protos.ModelProto:
     if weights:
-        model = without_nodes(index.model)
+        model = without_nodes(index.model, counted_only=False)
         graph = model.graph
     else:
         model = _weightless_copy(index.model)
@@ -549,11 +552,18 @@ def _build_model(index: GraphIndex, rewriter: _Rewriter, weights: bool) -> proto
     return model
 
 
-def without_nodes(model: protos.ModelProto) -> protos.ModelProto:
-    """A copy of ``model`` but its nodes, for a graph of other nodes: copying them only to
-    delete them would hold both in the copy's memory until it is freed."""
-    copy = _fields_but(model, protos.ModelProto(), "graph")
-    _fields_but(model.graph, copy.graph, "node")
+def without_nodes(model: protos.ModelProto, *, counted_only: bool) -> protos.ModelProto:
+    """A copy of ``model`` but its nodes, for a graph of other nodes. One ``counted_only`` is
+    copied field by field: its nodes copied only to be deleted would be held twice until the
+    copy is freed. One to run or write is copied whole, then its nodes deleted, which keeps
+    the fields this onnx does not know (a newer onnx's): a copy by fields leaves them out."""
+    if counted_only:
+        copy = _fields_but(model, protos.ModelProto(), "graph")
+        _fields_but(model.graph, copy.graph, "node")
+        return copy
+    copy = protos.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
     return copy
 
 
