@@ -27,6 +27,7 @@ from shardcheck.sharding.rewrite import (
     COLLECTIVE_OP,
     REDUCE_SCATTER,
     ShardedModel,
+    after_scatters,
     collective_operation,
 )
 from shardcheck.sharding.rewrite import shard_model as _shard_model
@@ -135,7 +136,7 @@ def _make_concrete(model: protos.ModelProto, dims: Mapping[str, int]) -> None:
     for graph_input in graph.input:
         if graph_input.name not in initializers:
             _set_sizes(graph_input, dims)
-    affected = _after_scatters(graph.node)
+    affected = after_scatters(graph.node)
     kept = [info for info in graph.value_info if info.name not in affected]
     del graph.value_info[:]
     for info in kept:
@@ -150,17 +151,6 @@ def _set_sizes(info: protos.ValueInfoProto, dims: Mapping[str, int]) -> None:
             dim.Clear()
             if size is not None:
                 dim.dim_value = size
-
-
-def _after_scatters(nodes: Iterable[protos.NodeProto]) -> set[str]:
-    """The tensors computed from a scattered one (through shapes too), nodes in graph order."""
-    affected: set[str] = set()
-    for node in nodes:
-        if node.op_type == COLLECTIVE_OP and collective_operation(node) == REDUCE_SCATTER:
-            affected.update(node.output)
-        elif not affected.isdisjoint(node.input):
-            affected.update(node.output)
-    return affected
 
 
 def _collective_rules(ranks: int) -> dict[str, ExtraRule]:

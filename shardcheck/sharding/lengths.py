@@ -64,6 +64,7 @@ from shardcheck.sharding.rewrite import (
     COLLECTIVE_OP,
     REDUCE_SCATTER,
     ShardedModel,
+    after_scatters,
     collective_operation,
     without_nodes,
 )
@@ -399,10 +400,7 @@ class _LengthGraph:
         if self._on_rank is None:
             model = self.sharded.model
             # What the model declares holds for one device: not for what a scatter reaches.
-            affected = set(self.sliced)
-            for node in model.graph.node:
-                if not affected.isdisjoint(node.input):
-                    affected.update(node.output)
+            affected = after_scatters(model.graph.node)
             index = GraphIndex(model, source="<the multi-device model>", undeclared=affected)
             rules = dict.fromkeys(RESIZING_OPS, self._resized)
             rules[COLLECTIVE_OP] = partial(_collective_on_rank, tuple(self.references))

@@ -87,6 +87,17 @@ def collective_operation(node: protos.NodeProto) -> str:
     return ""
 
 
+def after_scatters(nodes: Iterable[protos.NodeProto]) -> set[str]:
+    """The tensors computed from a scattered one (through shapes too), nodes in graph order."""
+    affected: set[str] = set()
+    for node in nodes:
+        if node.op_type == COLLECTIVE_OP and collective_operation(node) == REDUCE_SCATTER:
+            affected.update(node.output)
+        elif not affected.isdisjoint(node.input):
+            affected.update(node.output)
+    return affected
+
+
 def collective_attributes(dist: DistCollective, operation: str) -> list[protos.AttributeProto]:
     """The attributes Polygraphy writes on a DistCollective, in its order."""
     reduce_op = dist.reduce_op if operation == REDUCE_SCATTER else "none"
